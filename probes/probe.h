@@ -1,0 +1,48 @@
+/*
+ * probe: one situation to check, split where the gather happens. Each rank builds its inputs from
+ * (seed, rank) alone, encodes them into the features it gathers, and computes its loss from the
+ * gathered features (and its own, for losses that use them directly). The distributed run puts the
+ * real collective between encode and loss; the single-process reference puts a plain concatenation
+ * of every rank's features there, so both compute the same objective.
+ */
+#pragma once
+#include <stdint.h>
+
+#include "tensor.h"
+
+#define GCD_MAX_PARAMS 8
+#define GCD_MAX_FEATS 4
+#define GCD_MAX_INPUTS 4
+
+typedef struct {
+    uint64_t seed;
+    int inputs_random;   // simplenet: rank-distinct inputs from the seed instead of the seed's example
+    int local_loss;      // contrastive: open_clip local_loss=True
+    int batch, dim_img, dim_txt, dim_emb;
+} gcd_probe_cfg;
+
+typedef struct {
+    int n;
+    const char *name[GCD_MAX_PARAMS];
+    gcd_tensor *t[GCD_MAX_PARAMS];
+} gcd_params;
+
+typedef struct gcd_probe {
+    const char *name, *about;
+    int nfeat;                               // tensors each rank gathers
+    int feat_follows_mode[GCD_MAX_FEATS];    // 1: gathered with the run's mode; 0: always with grad (on)
+    int ninput;
+    const char *input_name[GCD_MAX_INPUTS];
+    void (*init)(gcd_ctx *c, const gcd_probe_cfg *cfg, gcd_params *p);   // leaves with requires_grad
+    void (*inputs)(gcd_ctx *c, const gcd_probe_cfg *cfg, int rank, gcd_tensor **in);
+    void (*encode)(gcd_ctx *c, const gcd_params *p, gcd_tensor **in, gcd_tensor **feat);
+    gcd_tensor *(*loss)(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cfg, int rank, int world,
+                        gcd_tensor **gathered, gcd_tensor **own);
+} gcd_probe;
+
+extern const gcd_probe gcd_probe_simplenet, gcd_probe_contrastive;
+extern const gcd_probe *const gcd_probes[];   // NULL-terminated
+const gcd_probe *gcd_probe_find(const char *name);
+
+// a parameter leaf from values (probes' init helper)
+gcd_tensor *gcd_param_add(gcd_ctx *c, gcd_params *p, const char *name, int ndim, const int *shape, const double *init);

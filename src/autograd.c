@@ -1,0 +1,59 @@
+#include "autograd.h"
+
+#include "ops.h"
+
+static const char *op_names[GCD_OP_COUNT] = {
+    "linear", "relu", "view", "concat", "mul", "mean", "mse", "matmul_nt", "transpose", "normalize",
+    "exp", "scale", "cross_entropy", "all_gather",
+};
+
+const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT ? op_names[op] : "?"; }
+
+gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor **in) {
+    int any = 0;
+    for (int i = 0; i < nin; i++) any |= in[i] && in[i]->requires_grad;
+    if (!c->grad_enabled || !any) return NULL;
+    gcd_node *nd = gcd_arena_alloc(c->arena, sizeof *nd);
+    nd->op = op;
+    nd->out = out;
+    nd->nin = nin;
+    nd->in = gcd_arena_alloc(c->arena, (size_t)nin * sizeof *nd->in);
+    for (int i = 0; i < nin; i++) nd->in[i] = in[i];
+    nd->prev = c->tape;
+    c->tape = nd;
+    out->requires_grad = 1;
+    out->node = nd;
+    return nd;
+}
+
+void gcd_backward_from(gcd_ctx *c, gcd_tensor *out) {
+    (void)out;
+    for (gcd_node *nd = c->tape; nd; nd = nd->prev) {
+        // a collective's backward runs on every rank even where nothing reached it, or ranks would
+        // wait on each other forever; gather.c keeps the input's gradient None in that case
+        if (!nd->out->grad && nd->op != GCD_OP_GATHER) continue;
+        gcd_op_backward(c, nd);
+    }
+}
+
+void gcd_backward(gcd_ctx *c, gcd_tensor *loss) {
+    if (loss->n != 1) GCD_FATAL("backward: the loss has %zu elements, not 1", loss->n);
+    if (!loss->requires_grad) return;   // no graph: every parameter keeps None
+    gcd_grad_buf(c, loss)[0] = 1.0;
+    gcd_backward_from(c, loss);
+}
+
+int gcd_set_grad_enabled(gcd_ctx *c, int enabled) {
+    int prev = c->grad_enabled;
+    c->grad_enabled = enabled;
+    return prev;
+}
+
+gcd_tensor *gcd_detach(gcd_ctx *c, gcd_tensor *t) {
+    gcd_tensor *d = gcd_arena_alloc(c->arena, sizeof *d);
+    *d = *t;
+    d->grad = NULL;
+    d->requires_grad = 0;
+    d->node = NULL;
+    return d;
+}

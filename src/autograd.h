@@ -1,0 +1,41 @@
+/*
+ * autograd: the tape and reverse-mode backward. Every op records one node (its inputs, what it saved)
+ * when grad is enabled and some input requires grad; backward walks the tape newest first and
+ * dispatches on the op in one switch. A tensor backward never reaches keeps grad == NULL (None).
+ */
+#pragma once
+#include "tensor.h"
+
+typedef enum {
+    GCD_OP_LINEAR, GCD_OP_RELU, GCD_OP_VIEW, GCD_OP_CONCAT, GCD_OP_MUL, GCD_OP_MEAN, GCD_OP_MSE,
+    GCD_OP_MATMUL_NT, GCD_OP_TRANSPOSE, GCD_OP_NORMALIZE, GCD_OP_EXP, GCD_OP_SCALE,
+    GCD_OP_CROSS_ENTROPY, GCD_OP_GATHER,
+    GCD_OP_COUNT
+} gcd_op;
+
+struct gcd_comm;
+
+typedef struct gcd_node {
+    gcd_op op;
+    struct gcd_node *prev;     // the node recorded before this one
+    gcd_tensor *out;
+    gcd_tensor **in;           // (nin); an input may be NULL (linear without bias, mse against zero)
+    int nin;
+    double *saved;             // op-specific: row norms, softmax
+    const int *labels;         // cross-entropy targets
+    struct gcd_comm *comm;     // gather: the communicator
+    int mode;                  // gather: the gradient mode
+} gcd_node;
+
+const char *gcd_op_name(gcd_op op);
+
+// Records a node for out when grad is enabled and an input requires grad; returns it or NULL.
+gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor **in);
+
+// Backward from a scalar: its gradient is set to 1, then the tape is walked newest first.
+void gcd_backward(gcd_ctx *c, gcd_tensor *loss);
+// Backward from any tensor whose grad the caller has set (tests: a random projection).
+void gcd_backward_from(gcd_ctx *c, gcd_tensor *out);
+
+int gcd_set_grad_enabled(gcd_ctx *c, int enabled);   // returns the previous mode (no_grad scopes)
+gcd_tensor *gcd_detach(gcd_ctx *c, gcd_tensor *t);    // same values, no graph

@@ -1,0 +1,437 @@
+/*
+ * cli: gradcheck-dist's entry point. `run` parses and checks every argument first (exit 2 before any
+ * rank starts), then either launches itself under mpirun -np N or, inside an MPI job, runs as one rank:
+ * every probe under every gather mode, the table and verdicts on rank 0, the JSON report.
+ * `report FILE` renders a saved report as text, Markdown or JUnit XML.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "report.h"
+#include "run.h"
+#include "verdict.h"
+
+#ifndef GCD_VERSION
+#define GCD_VERSION "0.0.0"
+#endif
+
+static const char usage[] =
+    "gradcheck-dist " GCD_VERSION ": finds gradients that distributed training silently drops\n"
+    "\n"
+    "usage:\n"
+    "  gradcheck-dist run [options]        run the probes across ranks and compare every gradient\n"
+    "  gradcheck-dist report FILE [--format text|md|junit]   render a saved JSON report\n"
+    "  gradcheck-dist --help | --version\n"
+    "\n"
+    "run options:\n"
+    "  --world N            ranks to launch (default 2); inside mpirun it must equal the job's size\n"
+    "  --probe NAME|all     simplenet, contrastive or all (default all)\n"
+    "  --mode LIST|all      gather modes under test, comma-separated: off,on,local,avg. Without it every\n"
+    "                       mode runs: on is under test, the others are controls that must show a finding\n"
+    "  --inputs seed|random simplenet: the seed's inputs on every rank, or rank-distinct ones (default seed)\n"
+    "  --seed S             seed for weights and inputs (default 42)\n"
+    "  --local-loss         contrastive: open_clip local_loss=True\n"
+    "  --batch B --dim-img D --dim-txt D --dim-emb E   contrastive sizes (default 4, 8, 6, 4)\n"
+    "  --steps N --lr X     then take N SGD steps per mode (default 0, lr 0.1)\n"
+    "  --backend mpi|nccl   collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)\n"
+    "  --hostfile FILE      passed to mpirun\n"
+    "  --json PATH|-        where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
+    "                       -: stdout, and the table goes to stderr)\n"
+    "  --no-json            write no report\n"
+    "  --summary-only       leave tensor values out of the report, keep the statuses\n"
+    "\n"
+    "gather modes:\n"
+    "  off    Lightning all_gather(sync_grads=False): gathered under no_grad\n"
+    "  on     Lightning sync_grads=True / torch.distributed.nn.functional.all_gather\n"
+    "  local  open_clip gather_with_grad=False / torchmetrics: own slot put back\n"
+    "  avg    Horovod allgather: backward averages over ranks\n"
+    "\n"
+    "statuses: none (no rank got a gradient), partial (some ranks did not), zero, nonfinite, ok,\n"
+    "scaled (a multiple of the reference), mismatch (wrong direction)\n"
+    "\n"
+    "exit status:\n"
+    "  0  no unexpected finding     1  gradient findings (or a control that showed none)\n"
+    "  2  usage error               3  runtime failure (MPI, NCCL, I/O)\n";
+
+// ----------------------------------------------------------------------------
+// options
+
+typedef struct {
+    int world;                       // 0: not given
+    const char *probe;               // "all" or a probe's name
+    int mode[GCD_GATHER_COUNT], nmode, mode_given;
+    gcd_probe_cfg cfg;
+    int steps;
+    double lr;
+    const char *hostfile, *json, *backend;
+    int no_json, summary_only;
+} options;
+
+static int bad(const char *flag, const char *fmt, const char *value) {
+    fprintf(stderr, "gradcheck-dist: %s: ", flag);
+    fprintf(stderr, fmt, value);
+    fprintf(stderr, " (see gradcheck-dist --help)\n");
+    return 2;
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        char what[96];
+        snprintf(what, sizeof what, "expected an integer from %ld to %ld, got '%%s'", lo, hi);
+        return bad(flag, what, v);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_modes(const char *v, options *o) {
+    o->nmode = 0;
+    o->mode_given = 1;
+    if (!strcmp(v, "all")) {
+        for (int m = 0; m < GCD_GATHER_COUNT; m++) o->mode[o->nmode++] = m;
+        return 0;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int m = gcd_gather_mode_parse(t);
+        if (m < 0) return bad("--mode", "unknown mode '%s': expected off, on, local, avg or all", t);
+        for (int i = 0; i < o->nmode; i++)
+            if (o->mode[i] == m) return bad("--mode", "mode '%s' is listed twice", t);
+        o->mode[o->nmode++] = m;
+    }
+    return o->nmode ? 0 : bad("--mode", "no mode in '%s'", v);
+}
+
+static int parse_run(int argc, char **argv, options *o) {
+    *o = (options){ .probe = "all", .lr = 0.1, .backend = "mpi" };
+    o->cfg = (gcd_probe_cfg){ .seed = 42, .batch = 4, .dim_img = 8, .dim_txt = 6, .dim_emb = 4 };
+    for (int m = 0; m < GCD_GATHER_COUNT; m++) o->mode[o->nmode++] = m;
+    for (int i = 2; i < argc; i++) {
+        char flag[64];
+        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
+        snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        static const char *const valued[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
+                                              "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
+                                              "--json", NULL };
+        int takes = 0;
+        for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
+        if (takes) {
+            if (eq) v = eq + 1;
+            else if (i + 1 < argc) v = argv[++i];
+            else return bad(flag, "%s", "missing value");
+            if (!*v) return bad(flag, "%s", "empty value");
+        } else if (eq) {
+            return bad(flag, "%s", "takes no value");
+        }
+        long x;
+        int rc = 0;
+        if (!strcmp(flag, "--world")) rc = parse_int(flag, v, 1, 4096, &x), o->world = (int)x;
+        else if (!strcmp(flag, "--probe")) {
+            o->probe = v;
+            if (strcmp(v, "all") && !gcd_probe_find(v)) rc = bad(flag, "unknown probe '%s': expected simplenet, contrastive or all", v);
+        } else if (!strcmp(flag, "--mode")) rc = parse_modes(v, o);
+        else if (!strcmp(flag, "--inputs")) {
+            if (!strcmp(v, "seed") || !strcmp(v, "random")) o->cfg.inputs_random = !strcmp(v, "random");
+            else rc = bad(flag, "expected seed or random, got '%s'", v);
+        } else if (!strcmp(flag, "--seed")) rc = parse_int(flag, v, 0, LONG_MAX, &x), o->cfg.seed = (uint64_t)x;
+        else if (!strcmp(flag, "--steps")) rc = parse_int(flag, v, 0, 1000000, &x), o->steps = (int)x;
+        else if (!strcmp(flag, "--batch")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.batch = (int)x;
+        else if (!strcmp(flag, "--dim-img")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_img = (int)x;
+        else if (!strcmp(flag, "--dim-txt")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_txt = (int)x;
+        else if (!strcmp(flag, "--dim-emb")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_emb = (int)x;
+        else if (!strcmp(flag, "--lr")) {
+            char *end;
+            o->lr = strtod(v, &end);
+            if (end == v || *end || !isfinite(o->lr) || o->lr <= 0) rc = bad(flag, "expected a positive number, got '%s'", v);
+        } else if (!strcmp(flag, "--hostfile")) {
+            o->hostfile = v;
+            if (access(v, R_OK)) rc = bad(flag, "cannot read '%s'", v);
+        } else if (!strcmp(flag, "--backend")) {
+            o->backend = v;
+            if (strcmp(v, "mpi") && strcmp(v, "nccl")) rc = bad(flag, "expected mpi or nccl, got '%s'", v);
+        } else if (!strcmp(flag, "--json")) o->json = v;
+        else if (!strcmp(flag, "--no-json")) o->no_json = 1;
+        else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
+        else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
+        else return bad(flag, "%s", "unknown option");
+        if (rc) return rc;
+    }
+    if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
+    if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// launching: not inside an MPI job yet, so start mpirun -np N on this same program
+
+static int nccl_precheck(const options *o, int world) {
+    char why[256];
+    if (!gcd_nccl_built())
+        return bad("--backend", "%s", "this build has no NCCL backend (configure found no CUDA Toolkit with NCCL); use --backend mpi");
+    int n = gcd_cuda_device_count(why, sizeof why);
+    if (n < 0) return bad("--backend", "nccl needs a CUDA device: %s; use --backend mpi", why);
+    if (!o->hostfile && world > n) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "nccl needs one GPU per rank: --world %d on a machine with %d; use --world %d or --backend mpi", world, n, n);
+        return bad("--backend", "%s", msg);
+    }
+    return 0;
+}
+
+static int launch(const options *o, int argc, char **argv) {
+    int world = o->world ? o->world : 2;
+    if (!strcmp(o->backend, "nccl")) {
+        int rc = nccl_precheck(o, world);
+        if (rc) return rc;
+    }
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
+    exe[k] = 0;
+    char np[16];
+    snprintf(np, sizeof np, "%d", world);
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    mallocCheck(av);
+    int n = 0;
+    av[n++] = "mpirun";
+    av[n++] = "-q";   // our own messages name the rank; mpirun's banner about exit codes adds nothing
+    av[n++] = "-np";
+    av[n++] = np;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!o->hostfile && world > cores) av[n++] = "--oversubscribe";
+    if (geteuid() == 0) av[n++] = "--allow-run-as-root";
+    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    av[n++] = exe;
+    for (int i = 1; i < argc; i++) av[n++] = argv[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), 3;
+    if (pid == 0) {
+        execvp(av[0], av);
+        fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
+        _exit(127);
+    }
+    free(av);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
+    if (WIFEXITED(status) && WEXITSTATUS(status) <= 3) return WEXITSTATUS(status);
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 127)
+        fprintf(stderr, "gradcheck-dist: the MPI job failed (mpirun exited with %d)\n", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status)) fprintf(stderr, "gradcheck-dist: mpirun was killed by signal %d\n", WTERMSIG(status));
+    return 3;
+}
+
+// ----------------------------------------------------------------------------
+// one rank
+
+static struct {
+    cJSON *doc;
+    char path[PATH_MAX];
+    double t0;
+} job;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// rank 0's fatal hook: leave a report saying what failed
+static void write_error_report(const char *message) {
+    if (!job.doc || !job.path[0]) return;
+    char err[512];
+    gcd_report_finish(job.doc, 3, message, 0, now() - job.t0);
+    if (gcd_report_write(job.doc, job.path, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+    else if (strcmp(job.path, "-")) fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
+}
+
+static void default_report_path(char *path, size_t len) {
+    char stamp[32];
+    time_t t = time(NULL);
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", gmtime(&t));
+    mkdir("reports", 0755);
+    snprintf(path, len, "reports/gradcheck-%s.json", stamp);
+    for (int i = 2; access(path, F_OK) == 0 && i < 1000; i++) snprintf(path, len, "reports/gradcheck-%s-%d.json", stamp, i);
+}
+
+static void environment(gcd_comm *comm, gcd_env *env, int root) {
+    static char host[256], device[256];
+    memset(env, 0, sizeof *env);
+    env->backend = comm->backend;
+    env->world = comm->world;
+    gethostname(host, sizeof host - 1);
+    char *hosts = root ? gcd_malloc((size_t)comm->world * 256) : NULL;
+    gcd_mpi_gather_str(host, hosts, 256);
+    gcd_mpi_library_version(env->mpi_version, sizeof env->mpi_version);
+    int nccl = !strcmp(comm->backend, "nccl");
+    if (nccl) gcd_nccl_info(comm, env->nccl_version, env->cuda_version, device, sizeof device);
+    char *devs = root && nccl ? gcd_malloc((size_t)comm->world * 256) : NULL;
+    if (nccl) gcd_mpi_gather_str(device, devs, 256);
+    if (root) {
+        env->hostnames = gcd_malloc((size_t)comm->world * sizeof(char *));
+        if (nccl) env->devices = gcd_malloc((size_t)comm->world * sizeof(char *));
+        for (int k = 0; k < comm->world; k++) {
+            env->hostnames[k] = hosts + 256 * k;
+            if (nccl) env->devices[k] = devs + 256 * k;
+        }
+    }
+    time_t t = time(NULL);
+    strftime(env->start_time, sizeof env->start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+}
+
+// Is this run what its role expects? Writes the expectation into the report; returns 1 when met.
+static int expect(cJSON *doc, const gcd_run_result *res, int test) {
+    char msg[900], what[96];
+    int found = gcd_run_has_finding(res), met;
+    const char *first = "";
+    for (int i = 0; i < res->nfinding; i++)
+        if (res->finding[i].counts) { first = res->finding[i].message; break; }
+    snprintf(what, sizeof what, "%s%s mode %s", res->probe, res->cfg.local_loss ? " (local_loss)" : "", gcd_gather_mode_name(res->mode));
+    if (test) {
+        met = !found;
+        if (met) snprintf(msg, sizeof msg, "%s (under test): no finding", what);
+        else snprintf(msg, sizeof msg, "%s (under test): %s", what, first);
+    } else if (res->world > 1) {
+        met = found;
+        if (met) snprintf(msg, sizeof msg, "%s (control): shows the defect, as it should", what);
+        else snprintf(msg, sizeof msg, "%s (control): no finding, but this convention should show one at world %d: the detector missed it", what, res->world);
+    } else {
+        met = !found;
+        snprintf(msg, sizeof msg, "%s (control): %s at world 1, as expected with no process group", what, met ? "clean" : "NOT clean");
+    }
+    gcd_report_add_expectation(doc, res->probe, gcd_gather_mode_name(res->mode), test ? "test" : "control", met, msg);
+    return met;
+}
+
+static int run_rank(const options *o, int argc, char **argv) {
+    char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
+    for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
+    gcd_mpi_init(&argc, &argv);
+    gcd_comm *comm = gcd_comm_mpi();
+    int root = comm->rank == 0;
+    if (o->world && o->world != comm->world) {
+        if (root) fprintf(stderr, "gradcheck-dist: --world: %d, but this MPI job has %d ranks\n", o->world, comm->world);
+        gcd_mpi_finalize();
+        return 2;
+    }
+    if (!strcmp(o->backend, "nccl")) {
+        char why[512] = "";
+        gcd_comm *nccl = gcd_comm_nccl(comm, why, sizeof why);
+        if (!nccl) {
+            if (root) fprintf(stderr, "gradcheck-dist: --backend nccl: %s; use --backend mpi\n", why);
+            gcd_mpi_finalize();
+            return 2;
+        }
+        comm = nccl;
+    }
+    job.t0 = now();
+    gcd_env env;
+    environment(comm, &env, root);
+    if (root) {
+        job.doc = gcd_report_new(argc, args, &env);
+        if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
+        else if (!o->no_json) default_report_path(job.path, sizeof job.path);
+        gcd_fatal_setup(0, NULL, write_error_report);
+    }
+
+    int all_met = 1;
+    for (int pi = 0; gcd_probes[pi]; pi++) {
+        const gcd_probe *pr = gcd_probes[pi];
+        if (strcmp(o->probe, "all") && strcmp(o->probe, pr->name)) continue;
+        for (int mi = 0; mi < o->nmode; mi++) {
+            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr };
+            if (strcmp(pr->name, "contrastive")) ro.cfg.local_loss = 0;
+            gcd_run_result res;
+            gcd_run(comm, &ro, &res);
+            if (root) {
+                int test = o->mode_given || ro.mode == GCD_GATHER_ON;
+                gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
+                all_met &= expect(job.doc, &res, test);
+            }
+            gcd_run_result_free(&res);
+        }
+    }
+
+    int code = all_met ? 0 : 1;
+    if (root) {
+        gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
+        char *text = gcd_render_text(job.doc);
+        FILE *out = o->json && !strcmp(o->json, "-") ? stderr : stdout;
+        fputs(text, out);
+        free(text);
+        char err[512];
+        if (job.path[0]) {
+            if (gcd_report_write(job.doc, job.path, err, sizeof err)) {
+                fprintf(stderr, "gradcheck-dist: %s\n", err);
+                code = 3;
+            } else if (strcmp(job.path, "-")) {
+                fprintf(out, "report: %s\n", job.path);
+            }
+        }
+        fflush(NULL);
+        cJSON_Delete(job.doc);
+        job.doc = NULL;
+        free(env.hostnames ? env.hostnames[0] : NULL), free(env.hostnames);
+        free(env.devices ? env.devices[0] : NULL), free(env.devices);
+    }
+    gcd_mpi_bcast_int(&code, 0);
+    gcd_mpi_finalize();
+    for (int i = 0; i < argc; i++) free(args[i]);
+    free(args);
+    return code;
+}
+
+// ----------------------------------------------------------------------------
+// report FILE
+
+static int report_main(int argc, char **argv) {
+    const char *file = NULL, *format = "text";
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--format") || !strncmp(argv[i], "--format=", 9)) {
+            format = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!format) return bad("--format", "%s", "missing value");
+            if (strcmp(format, "text") && strcmp(format, "md") && strcmp(format, "junit"))
+                return bad("--format", "expected text, md or junit, got '%s'", format);
+        } else if (argv[i][0] == '-' && argv[i][1]) return bad(argv[i], "%s", "unknown option");
+        else if (file) return bad("report", "one FILE only, got a second: '%s'", argv[i]);
+        else file = argv[i];
+    }
+    if (!file) return bad("report", "%s", "missing FILE (a gradcheck-dist JSON report)");
+    char err[1024];
+    cJSON *doc = gcd_report_load(file, err, sizeof err);
+    if (!doc) return fprintf(stderr, "gradcheck-dist: report: %s\n", err), 2;
+    char *text = !strcmp(format, "md") ? gcd_render_md(doc) : !strcmp(format, "junit") ? gcd_render_junit(doc) : gcd_render_text(doc);
+    fputs(text, stdout);
+    free(text);
+    cJSON_Delete(doc);
+    return fflush(stdout) ? 3 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return fputs(usage, stderr), 2;
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return fputs(usage, stdout), 0;
+    if (!strcmp(cmd, "--version")) return puts("gradcheck-dist " GCD_VERSION), 0;
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
+    if (!strcmp(cmd, "report")) return report_main(argc, argv);
+    if (strcmp(cmd, "run")) return bad(cmd, "%s", "unknown command: expected run or report");
+    options o;
+    int rc = parse_run(argc, argv, &o);
+    if (rc) return rc;
+    return gcd_mpi_inside_job() ? run_rank(&o, argc, argv) : launch(&o, argc, argv);
+}

@@ -1,0 +1,39 @@
+/*
+ * comm: the collectives of one backend, on float64 host buffers. comm_mpi.c is always built (it also
+ * launches the job and carries the bootstrap); comm_nccl.c runs the same collectives through NCCL on
+ * CUDA buffers. Every failing call names the rank and the call, and stops the whole job (exit 3).
+ */
+#pragma once
+#include <stddef.h>
+
+typedef struct gcd_comm {
+    int rank, world;
+    const char *backend;   // "mpi" or "nccl"
+    void (*all_gather)(struct gcd_comm *c, const double *send, double *recv, size_t n);       // send (n) -> recv (world*n)
+    void (*reduce_scatter)(struct gcd_comm *c, const double *send, double *recv, size_t n);   // SUM: send (world*n) -> recv (n)
+    void (*all_reduce)(struct gcd_comm *c, double *buf, size_t n);                            // SUM, in place
+    void (*barrier)(struct gcd_comm *c);
+    void *impl;
+} gcd_comm;
+
+// ----------------------------------------------------------------------------
+// MPI (comm_mpi.c)
+
+int gcd_mpi_inside_job(void);                  // launched by mpirun (environment set by Open MPI)
+void gcd_mpi_init(int *argc, char ***argv);    // MPI_Init + MPI_ERRORS_RETURN + fatal handler
+void gcd_mpi_finalize(void);
+gcd_comm *gcd_comm_mpi(void);
+void gcd_mpi_bcast_int(int *v, int root);
+// rank 0 receives every rank's string (len bytes each) into all (world*len); others may pass NULL
+void gcd_mpi_gather_str(const char *mine, char *all, int len);
+void gcd_mpi_library_version(char *buf, int len);
+
+// ----------------------------------------------------------------------------
+// NCCL (comm_nccl.c, built when CUDA and NCCL are found)
+
+// Returns NULL and fills why (a one-line reason) when this build or this machine cannot run NCCL.
+gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len);
+// Versions and this rank's device, for the report; "" where not built
+void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len);
+int gcd_nccl_built(void);
+int gcd_cuda_device_count(char *why, size_t len);   // -1 and why when no device can be used

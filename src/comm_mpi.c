@@ -1,0 +1,97 @@
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "util.h"
+
+// ----------------------------------------------------------------------------
+// checks
+
+static MPI_Comm world_comm = MPI_COMM_NULL;
+
+#define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
+static void mpi_check(int err, const char *call, const char *file, int line) {
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(call, "("), call);
+    gcd_fatal_at(file, line, "%s: %s", name, msg);
+}
+
+static void abort_job(int code) { MPI_Abort(MPI_COMM_WORLD, code); exit(code); }
+
+int gcd_mpi_inside_job(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK"); }
+
+void gcd_mpi_init(int *argc, char ***argv) {
+    int rank;
+    MPI_Init(argc, argv);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    gcd_fatal_setup(rank, abort_job, NULL);
+    mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &world_comm));
+    mpiCheck(MPI_Comm_set_errhandler(world_comm, MPI_ERRORS_RETURN));
+}
+
+void gcd_mpi_finalize(void) {
+    if (world_comm != MPI_COMM_NULL) MPI_Comm_free(&world_comm);
+    MPI_Finalize();
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+static void mpi_all_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
+    (void)c;
+    mpiCheck(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, world_comm));
+}
+
+static void mpi_reduce_scatter(gcd_comm *c, const double *send, double *recv, size_t n) {
+    (void)c;
+    mpiCheck(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_DOUBLE, MPI_SUM, world_comm));
+}
+
+static void mpi_all_reduce(gcd_comm *c, double *buf, size_t n) {
+    (void)c;
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, world_comm));
+}
+
+static void mpi_barrier(gcd_comm *c) {
+    (void)c;
+    mpiCheck(MPI_Barrier(world_comm));
+}
+
+gcd_comm *gcd_comm_mpi(void) {
+    static gcd_comm c;
+    c.backend = "mpi";
+    mpiCheck(MPI_Comm_rank(world_comm, &c.rank));
+    mpiCheck(MPI_Comm_size(world_comm, &c.world));
+    c.all_gather = mpi_all_gather;
+    c.reduce_scatter = mpi_reduce_scatter;
+    c.all_reduce = mpi_all_reduce;
+    c.barrier = mpi_barrier;
+    return &c;
+}
+
+// ----------------------------------------------------------------------------
+// bootstrap helpers (launch facts, NCCL's unique id)
+
+void gcd_mpi_bcast_int(int *v, int root) { mpiCheck(MPI_Bcast(v, 1, MPI_INT, root, world_comm)); }
+
+void gcd_mpi_gather_str(const char *mine, char *all, int len) {
+    char *buf = gcd_malloc((size_t)len);
+    snprintf(buf, (size_t)len, "%s", mine);
+    mpiCheck(MPI_Gather(buf, len, MPI_CHAR, all, len, MPI_CHAR, 0, world_comm));
+    free(buf);
+}
+
+void gcd_mpi_library_version(char *buf, int len) {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int n = 0;
+    MPI_Get_library_version(v, &n);
+    v[strcspn(v, "\n")] = 0;   // first line: "Open MPI v4.1.4, package: ..."
+    snprintf(buf, (size_t)len, "%s", v);
+}

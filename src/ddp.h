@@ -1,0 +1,14 @@
+/*
+ * ddp: what DistributedDataParallel does to a parameter's gradient after backward: the mean over
+ * ranks. A gradient that is None on every rank stays None; None on some ranks counts as zeros from
+ * those ranks (as with find_unused_parameters=True) and the caller flags it "partial".
+ */
+#pragma once
+#include <stddef.h>
+
+#include "comm.h"
+
+// local (n) is this rank's gradient or NULL (None). On return every rank holds the same
+// mean (n) (summed in rank order, so the ranks stay bit-identical) and returns how many ranks had a
+// gradient. all (world*n) and has (world) receive every rank's local gradient when not NULL.
+int gcd_ddp_mean(gcd_comm *comm, const double *local, size_t n, double *mean, double *all, unsigned char *has);

@@ -1,0 +1,97 @@
+#include "gather.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *mode_names[GCD_GATHER_COUNT] = { "off", "on", "local", "avg" };
+static const char *mode_library[GCD_GATHER_COUNT] = {
+    "Lightning all_gather(sync_grads=False)",
+    "Lightning sync_grads=True / torch.distributed.nn.functional.all_gather",
+    "open_clip gather_with_grad=False / torchmetrics gather_all_tensors",
+    "Horovod allgather",
+};
+
+const char *gcd_gather_mode_name(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_names[mode] : "?"; }
+const char *gcd_gather_mode_library(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_library[mode] : "?"; }
+
+int gcd_gather_mode_parse(const char *s) {
+    for (int m = 0; m < GCD_GATHER_COUNT; m++)
+        if (!strcmp(s, mode_names[m])) return m;
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+// Every rank must gather the same shape; a rank that differs is named.
+static void check_shapes(gcd_comm *comm, const gcd_tensor *x) {
+    double mine[3] = { x->ndim, x->ndim > 0 ? x->shape[0] : 0, x->ndim > 1 ? x->shape[1] : 0 };
+    double all[3 * 64], *buf = comm->world <= 64 ? all : gcd_malloc(3 * sizeof(double) * (size_t)comm->world);
+    comm->all_gather(comm, mine, buf, 3);
+    for (int k = 1; k < comm->world; k++)
+        if (memcmp(buf + 3 * k, buf, sizeof mine)) {
+            char a[32], b[32];
+            int sa[2] = { (int)buf[3 * k + 1], (int)buf[3 * k + 2] }, sb[2] = { (int)buf[1], (int)buf[2] };
+            GCD_FATAL("all_gather: rank %d shape %s != rank 0 %s", k, gcd_shape_str(a, sizeof a, (int)buf[3 * k], sa),
+                      gcd_shape_str(b, sizeof b, (int)buf[0], sb));
+        }
+    if (buf != all) free(buf);
+}
+
+gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode) {
+    check_shapes(comm, x);
+    int shape[GCD_MAX_DIM] = { gcd_rows(x) * comm->world, x->ndim == 2 ? x->shape[1] : 0 };
+    gcd_tensor *out = gcd_tensor_new(c, x->ndim ? x->ndim : 1, shape);
+    comm->all_gather(comm, x->data, out->data, x->n);
+    if (comm->world == 1) mode = GCD_GATHER_ON;   // no process group: the tensor itself comes back
+    if (mode == GCD_GATHER_OFF) return out;       // under no_grad: no node, no graph
+    gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);
+    if (nd) { nd->comm = comm; nd->mode = mode; }
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// backward: g (n+1) receives this rank's input gradient and, in g[n], how many ranks had one to give
+
+// slots of W*n values with a "present" flag after each: (W, n+1)
+static double *pack(gcd_ctx *c, const double *dout, int W, size_t n) {
+    double *buf = gcd_arena_alloc(c->arena, (size_t)W * (n + 1) * sizeof(double));
+    for (int k = 0; k < W && dout; k++) {
+        memcpy(buf + k * (n + 1), dout + k * n, n * sizeof(double));
+        buf[k * (n + 1) + n] = 1.0;
+    }
+    return buf;
+}
+
+static void backward_on(gcd_ctx *c, gcd_comm *comm, const double *dout, size_t n, double *g) {
+    comm->reduce_scatter(comm, pack(c, dout, comm->world, n), g, n + 1);
+}
+
+static void backward_avg(gcd_ctx *c, gcd_comm *comm, const double *dout, size_t n, double *g) {
+    double *buf = pack(c, dout, comm->world, n);
+    comm->all_reduce(comm, buf, (size_t)comm->world * (n + 1));
+    const double *own = buf + (size_t)comm->rank * (n + 1);
+    for (size_t i = 0; i < n; i++) g[i] = own[i] / comm->world;
+    g[n] = own[n];
+}
+
+static void backward_local(const gcd_comm *comm, const double *dout, size_t n, double *g) {
+    if (!dout) return;
+    memcpy(g, dout + (size_t)comm->rank * n, n * sizeof(double));
+    g[n] = 1.0;
+}
+
+void gcd_gather_backward(gcd_ctx *c, gcd_node *nd) {
+    gcd_tensor *x = nd->in[0];
+    size_t n = x->n;
+    double *g = gcd_arena_alloc(c->arena, (n + 1) * sizeof(double));
+    switch (nd->mode) {
+    case GCD_GATHER_ON: backward_on(c, nd->comm, nd->out->grad, n, g); break;
+    case GCD_GATHER_AVG: backward_avg(c, nd->comm, nd->out->grad, n, g); break;
+    case GCD_GATHER_LOCAL: backward_local(nd->comm, nd->out->grad, n, g); break;
+    default: GCD_FATAL("all_gather backward: mode %s has no backward", gcd_gather_mode_name(nd->mode));
+    }
+    if (g[n] == 0) return;   // no rank reached the gathered result: the input keeps None
+    double *dx = gcd_grad_buf(c, x);
+    for (size_t i = 0; i < n; i++) dx[i] += g[i];
+}

@@ -1,0 +1,23 @@
+/*
+ * gather: all_gather as an autograd op, one small backward per library convention. The forward is the
+ * same collective in every mode (each rank's (B,...) tensor stacked to (world*B,...)); the modes differ
+ * only in what flows back to the rank's own input:
+ *   off   Lightning all_gather(sync_grads=False): under no_grad, the result has no graph
+ *   on    Lightning sync_grads=True / torch.distributed.nn.functional.all_gather: reduce_scatter SUM
+ *   local open_clip gather_with_grad=False, torchmetrics: own slot put back, only its own gradient
+ *   avg   Horovod allgather: all_reduce AVERAGE of the incoming gradient, then the own slot
+ * With world 1 there is no process group: Lightning returns the tensor itself, graph and all, and so
+ * does every mode here.
+ */
+#pragma once
+#include "autograd.h"
+#include "comm.h"
+
+typedef enum { GCD_GATHER_OFF, GCD_GATHER_ON, GCD_GATHER_LOCAL, GCD_GATHER_AVG, GCD_GATHER_COUNT } gcd_gather_mode;
+
+const char *gcd_gather_mode_name(int mode);      // "off", "on", "local", "avg"
+const char *gcd_gather_mode_library(int mode);   // what the mode models, in words
+int gcd_gather_mode_parse(const char *s);        // -1 when unknown
+
+gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode);
+void gcd_gather_backward(gcd_ctx *c, gcd_node *nd);

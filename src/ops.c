@@ -1,0 +1,356 @@
+#include "ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "gather.h"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int i = 0; i < C; i++) s += x[n * C + i] * w[o * C + i];
+            out[n * OC + o] = s;
+        }
+}
+
+void linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,
+                     int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double d = dout[n * OC + o];
+            if (db) db[o] += d;
+            for (int i = 0; i < C; i++) {
+                if (dx) dx[n * C + i] += d * w[o * C + i];
+                if (dw) dw[o * C + i] += d * x[n * C + i];
+            }
+        }
+}
+
+void relu_forward(double *out, const double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = x[i] > 0 ? x[i] : 0.0;
+}
+
+void relu_backward(double *dx, const double *dout, const double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] += x[i] > 0 ? dout[i] : 0.0;
+}
+
+void mul_forward(double *out, const double *a, const double *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+}
+
+void mul_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (da) da[i] += dout[i] * b[i];
+        if (db) db[i] += dout[i] * a[i];
+    }
+}
+
+void mse_forward(double *out, const double *a, const double *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = a[i] - (b ? b[i] : 0.0);
+        s += d * d;
+    }
+    out[0] = s / (double)n;
+}
+
+void mse_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double g = dout[0] * 2.0 * (a[i] - (b ? b[i] : 0.0)) / (double)n;
+        if (da) da[i] += g;
+        if (db) db[i] -= g;
+    }
+}
+
+void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += a[m * K + k] * b[n * K + k];
+            out[m * N + n] = s;
+        }
+}
+
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double d = dout[m * N + n];
+            for (int k = 0; k < K; k++) {
+                if (da) da[m * K + k] += d * b[n * K + k];
+                if (db) db[n * K + k] += d * a[m * K + k];
+            }
+        }
+}
+
+void transpose_forward(double *out, const double *x, int M, int N) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) out[n * M + m] = x[m * N + n];
+}
+
+void transpose_backward(double *dx, const double *dout, int M, int N) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) dx[m * N + n] += dout[n * M + m];
+}
+
+#define NORMALIZE_EPS 1e-12
+
+void normalize_forward(double *out, double *norm, const double *x, int N, int D) {
+    for (int n = 0; n < N; n++) {
+        double s = 0;
+        for (int d = 0; d < D; d++) s += x[n * D + d] * x[n * D + d];
+        norm[n] = sqrt(s);
+        double den = norm[n] > NORMALIZE_EPS ? norm[n] : NORMALIZE_EPS;
+        for (int d = 0; d < D; d++) out[n * D + d] = x[n * D + d] / den;
+    }
+}
+
+void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D) {
+    for (int n = 0; n < N; n++) {
+        const double *y = out + n * D, *dy = dout + n * D;
+        if (norm[n] <= NORMALIZE_EPS) {   // the denominator is the constant eps
+            for (int d = 0; d < D; d++) dx[n * D + d] += dy[d] / NORMALIZE_EPS;
+            continue;
+        }
+        double dot = 0;
+        for (int d = 0; d < D; d++) dot += y[d] * dy[d];
+        for (int d = 0; d < D; d++) dx[n * D + d] += (dy[d] - y[d] * dot) / norm[n];
+    }
+}
+
+void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C) {
+    double loss = 0;
+    for (int n = 0; n < N; n++) {
+        const double *zr = z + n * C;
+        double mx = zr[0], s = 0;
+        for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
+        for (int c = 0; c < C; c++) s += exp(zr[c] - mx);
+        for (int c = 0; c < C; c++) prob[n * C + c] = exp(zr[c] - mx) / s;
+        loss += mx + log(s) - zr[label[n]];
+    }
+    out[0] = loss / N;
+}
+
+void cross_entropy_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C) {
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) dz[n * C + c] += dout[0] / N * (prob[n * C + c] - (c == label[n]));
+}
+
+// ----------------------------------------------------------------------------
+// autograd ops
+
+static void need(int ok, const char *op, const char *what) {
+    if (!ok) GCD_FATAL("%s: %s", op, what);
+}
+
+static gcd_tensor *scalar(gcd_ctx *c) { return gcd_tensor_new(c, 0, NULL); }
+
+gcd_tensor *gcd_linear(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b) {
+    need(x->ndim == 2 && w->ndim == 2 && x->shape[1] == w->shape[1], "linear", "x (N,C) and w (OC,C) do not match");
+    need(!b || (b->ndim == 1 && b->shape[0] == w->shape[0]), "linear", "bias is not (OC)");
+    int shape[2] = { x->shape[0], w->shape[0] };
+    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
+    linear_forward(out->data, x->data, w->data, b ? b->data : NULL, x->shape[0], x->shape[1], w->shape[0]);
+    gcd_record(c, GCD_OP_LINEAR, out, 3, (gcd_tensor *[]){ x, w, b });
+    return out;
+}
+
+gcd_tensor *gcd_relu(gcd_ctx *c, gcd_tensor *x) {
+    gcd_tensor *out = gcd_tensor_like(c, x);
+    relu_forward(out->data, x->data, x->n);
+    gcd_record(c, GCD_OP_RELU, out, 1, &x);
+    return out;
+}
+
+gcd_tensor *gcd_view(gcd_ctx *c, gcd_tensor *x, int ndim, const int *shape) {
+    int s[GCD_MAX_DIM], infer = -1;
+    size_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        s[i] = shape[i];
+        if (s[i] == -1) infer = i;
+        else known *= (size_t)s[i];
+    }
+    if (infer >= 0) s[infer] = (int)(x->n / known);
+    gcd_tensor *out = gcd_tensor_new(c, ndim, s);
+    need(out->n == x->n, "view", "the new shape has another number of elements");
+    memcpy(out->data, x->data, x->n * sizeof(double));
+    gcd_record(c, GCD_OP_VIEW, out, 1, &x);
+    return out;
+}
+
+gcd_tensor *gcd_concat(gcd_ctx *c, int k, gcd_tensor **xs) {
+    int rows = 0, cols = gcd_cols(xs[0]);
+    for (int i = 0; i < k; i++) {
+        need(gcd_cols(xs[i]) == cols && xs[i]->ndim == xs[0]->ndim, "concat", "inputs differ past dim 0");
+        rows += gcd_rows(xs[i]);
+    }
+    int ndim = xs[0]->ndim ? xs[0]->ndim : 1;
+    int shape[GCD_MAX_DIM] = { rows, xs[0]->ndim == 2 ? xs[0]->shape[1] : 0 };
+    gcd_tensor *out = gcd_tensor_new(c, ndim, shape);
+    for (int i = 0, off = 0; i < k; off += (int)xs[i]->n, i++) memcpy(out->data + off, xs[i]->data, xs[i]->n * sizeof(double));
+    gcd_record(c, GCD_OP_CONCAT, out, k, xs);
+    return out;
+}
+
+gcd_tensor *gcd_mul(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b) {
+    need(a->n == b->n, "mul", "shapes differ");
+    gcd_tensor *out = gcd_tensor_like(c, a);
+    mul_forward(out->data, a->data, b->data, a->n);
+    gcd_record(c, GCD_OP_MUL, out, 2, (gcd_tensor *[]){ a, b });
+    return out;
+}
+
+gcd_tensor *gcd_mean(gcd_ctx *c, gcd_tensor *x) {
+    gcd_tensor *out = scalar(c);
+    double s = 0;
+    for (size_t i = 0; i < x->n; i++) s += x->data[i];
+    out->data[0] = s / (double)x->n;
+    gcd_record(c, GCD_OP_MEAN, out, 1, &x);
+    return out;
+}
+
+gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target) {
+    need(!target || target->n == a->n, "mse", "target's shape differs");
+    gcd_tensor *out = scalar(c);
+    mse_forward(out->data, a->data, target ? target->data : NULL, a->n);
+    gcd_record(c, GCD_OP_MSE, out, 2, (gcd_tensor *[]){ a, target });
+    return out;
+}
+
+gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b) {
+    need(a->ndim == 2 && b->ndim == 2 && a->shape[1] == b->shape[1], "matmul_nt", "a (M,K) and b (N,K) do not match");
+    int shape[2] = { a->shape[0], b->shape[0] };
+    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
+    matmul_nt_forward(out->data, a->data, b->data, a->shape[0], b->shape[0], a->shape[1]);
+    gcd_record(c, GCD_OP_MATMUL_NT, out, 2, (gcd_tensor *[]){ a, b });
+    return out;
+}
+
+gcd_tensor *gcd_transpose(gcd_ctx *c, gcd_tensor *x) {
+    need(x->ndim == 2, "transpose", "input is not 2-D");
+    int shape[2] = { x->shape[1], x->shape[0] };
+    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
+    transpose_forward(out->data, x->data, x->shape[0], x->shape[1]);
+    gcd_record(c, GCD_OP_TRANSPOSE, out, 1, &x);
+    return out;
+}
+
+gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x) {
+    gcd_tensor *out = gcd_tensor_like(c, x);
+    double *norm = gcd_arena_alloc(c->arena, (size_t)gcd_rows(x) * sizeof(double));
+    normalize_forward(out->data, norm, x->data, gcd_rows(x), gcd_cols(x));
+    gcd_node *nd = gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x);
+    if (nd) nd->saved = norm;
+    return out;
+}
+
+gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x) {
+    gcd_tensor *out = gcd_tensor_like(c, x);
+    for (size_t i = 0; i < x->n; i++) out->data[i] = exp(x->data[i]);
+    gcd_record(c, GCD_OP_EXP, out, 1, &x);
+    return out;
+}
+
+gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s) {
+    need(s->n == 1, "scale", "the factor is not a scalar");
+    gcd_tensor *out = gcd_tensor_like(c, x);
+    for (size_t i = 0; i < x->n; i++) out->data[i] = s->data[0] * x->data[i];
+    gcd_record(c, GCD_OP_SCALE, out, 2, (gcd_tensor *[]){ x, s });
+    return out;
+}
+
+gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label) {
+    need(z->ndim == 2, "cross_entropy", "logits are not (N,C)");
+    int N = z->shape[0], C = z->shape[1];
+    int *lab = gcd_arena_alloc(c->arena, (size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++) {
+        need(label[n] >= 0 && label[n] < C, "cross_entropy", "a label is out of range");
+        lab[n] = label[n];
+    }
+    gcd_tensor *out = scalar(c);
+    double *prob = gcd_arena_alloc(c->arena, z->n * sizeof(double));
+    cross_entropy_forward(out->data, prob, z->data, lab, N, C);
+    gcd_node *nd = gcd_record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
+    if (nd) { nd->saved = prob; nd->labels = lab; }
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// backward dispatch: one switch over the op
+
+// input i's gradient buffer, or NULL when that input takes no gradient
+static double *din(gcd_ctx *c, gcd_node *nd, int i) {
+    gcd_tensor *t = nd->in[i];
+    return t && t->requires_grad ? gcd_grad_buf(c, t) : NULL;
+}
+
+void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
+    gcd_tensor *out = nd->out, **in = nd->in;
+    const double *dout = out->grad;
+    switch (nd->op) {
+    case GCD_OP_LINEAR:
+        linear_backward(din(c, nd, 0), din(c, nd, 1), din(c, nd, 2), dout, in[0]->data, in[1]->data,
+                        in[0]->shape[0], in[0]->shape[1], in[1]->shape[0]);
+        break;
+    case GCD_OP_RELU:
+        relu_backward(din(c, nd, 0), dout, in[0]->data, out->n);
+        break;
+    case GCD_OP_VIEW: {
+        double *dx = din(c, nd, 0);
+        for (size_t i = 0; i < out->n; i++) dx[i] += dout[i];
+        break;
+    }
+    case GCD_OP_CONCAT:
+        for (int k = 0, off = 0; k < nd->nin; off += (int)in[k]->n, k++) {
+            double *dx = din(c, nd, k);
+            for (size_t i = 0; dx && i < in[k]->n; i++) dx[i] += dout[off + i];
+        }
+        break;
+    case GCD_OP_MUL:
+        mul_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data, out->n);
+        break;
+    case GCD_OP_MEAN: {
+        double *dx = din(c, nd, 0);
+        for (size_t i = 0; i < in[0]->n; i++) dx[i] += dout[0] / (double)in[0]->n;
+        break;
+    }
+    case GCD_OP_MSE:
+        mse_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1] ? in[1]->data : NULL, in[0]->n);
+        break;
+    case GCD_OP_MATMUL_NT:
+        matmul_nt_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data,
+                           in[0]->shape[0], in[1]->shape[0], in[0]->shape[1]);
+        break;
+    case GCD_OP_TRANSPOSE:
+        transpose_backward(din(c, nd, 0), dout, in[0]->shape[0], in[0]->shape[1]);
+        break;
+    case GCD_OP_NORMALIZE:
+        normalize_backward(din(c, nd, 0), dout, out->data, nd->saved, gcd_rows(out), gcd_cols(out));
+        break;
+    case GCD_OP_EXP: {
+        double *dx = din(c, nd, 0);
+        for (size_t i = 0; i < out->n; i++) dx[i] += dout[i] * out->data[i];
+        break;
+    }
+    case GCD_OP_SCALE: {
+        double *dx = din(c, nd, 0), *ds = din(c, nd, 1);
+        for (size_t i = 0; i < out->n; i++) {
+            if (dx) dx[i] += dout[i] * in[1]->data[0];
+            if (ds) ds[0] += dout[i] * in[0]->data[i];
+        }
+        break;
+    }
+    case GCD_OP_CROSS_ENTROPY:
+        cross_entropy_backward(din(c, nd, 0), dout, nd->saved, nd->labels, in[0]->shape[0], in[0]->shape[1]);
+        break;
+    case GCD_OP_GATHER:
+        gcd_gather_backward(c, nd);
+        break;
+    default:
+        GCD_FATAL("backward: no rule for op %s", gcd_op_name(nd->op));
+    }
+}

@@ -1,0 +1,50 @@
+/*
+ * ops: the differentiable operations. Each is a pair of plain kernels, forward and backward, with a
+ * fixed argument order (outputs, saved values, inputs, sizes); backward adds into gradients (+=) and
+ * skips a gradient pointer that is NULL. Above the kernels, gcd_<op>() runs forward on tensors and
+ * records the node that autograd.c dispatches to the backward kernel.
+ */
+#pragma once
+#include "tensor.h"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC);
+void linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,
+                     int N, int C, int OC);   // out (N,OC), x (N,C), w (OC,C), b (OC) or NULL
+void relu_forward(double *out, const double *x, size_t n);
+void relu_backward(double *dx, const double *dout, const double *x, size_t n);   // d/dx at 0 is 0, as torch
+void mul_forward(double *out, const double *a, const double *b, size_t n);
+void mul_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
+void mse_forward(double *out, const double *a, const double *b, size_t n);   // out (1); b NULL: zero target
+void mse_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
+void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K);   // out (M,N) = a (M,K) b (N,K)^T
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K);
+void transpose_forward(double *out, const double *x, int M, int N);   // x (M,N) -> out (N,M)
+void transpose_backward(double *dx, const double *dout, int M, int N);
+void normalize_forward(double *out, double *norm, const double *x, int N, int D);   // rows: x / max(||x||, 1e-12)
+void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D);
+void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C);   // out (1): mean over rows
+void cross_entropy_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C);
+
+// ----------------------------------------------------------------------------
+// autograd ops on tensors
+
+gcd_tensor *gcd_linear(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b);   // x (N,C) w (OC,C) b (OC)|NULL -> (N,OC)
+gcd_tensor *gcd_relu(gcd_ctx *c, gcd_tensor *x);
+gcd_tensor *gcd_view(gcd_ctx *c, gcd_tensor *x, int ndim, const int *shape);   // -1 in shape: infer (view(-1))
+gcd_tensor *gcd_concat(gcd_ctx *c, int k, gcd_tensor **xs);   // along dim 0; scalars count as one row
+gcd_tensor *gcd_mul(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // elementwise, same shape
+gcd_tensor *gcd_mean(gcd_ctx *c, gcd_tensor *x);   // -> scalar
+gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target);   // mean((a - target)^2); target NULL: zeros
+gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // a (M,K) b (N,K) -> (M,N) = a b^T
+gcd_tensor *gcd_transpose(gcd_ctx *c, gcd_tensor *x);   // (M,N) -> (N,M)
+gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x);   // per row, as torch.nn.functional.normalize
+gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x);
+gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s);   // s a scalar tensor: s * x
+gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (N) -> scalar
+
+// the backward of one recorded node (autograd.c's dispatch)
+struct gcd_node;
+void gcd_op_backward(gcd_ctx *c, struct gcd_node *nd);

@@ -1,0 +1,43 @@
+/*
+ * report: the JSON document a run leaves behind (schema gradcheck-dist.report/1, built with cJSON)
+ * and its renderings. Every rendering, the table `run` prints included, is made from the document,
+ * so `report FILE` shows exactly what the run showed. Reports read results; they never run a probe.
+ */
+#pragma once
+#include <cjson/cJSON.h>
+
+#include "run.h"
+
+#define GCD_REPORT_SCHEMA "gradcheck-dist.report/1"
+
+typedef struct {
+    const char *backend;
+    int world;
+    char **hostnames;        // (world)
+    char **devices;          // (world) or NULL (mpi)
+    char mpi_version[256];
+    char nccl_version[64];   // "" when not used
+    char cuda_version[64];
+    char start_time[32];     // UTC ISO 8601
+} gcd_env;
+
+// ----------------------------------------------------------------------------
+// building (report_json.c)
+
+cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
+// role: "test" (the configuration under test) or "control"
+void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only);
+void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
+void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
+// Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
+int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
+// Parses and checks a report; NULL with a one-line reason in err.
+cJSON *gcd_report_load(const char *path, char *err, size_t len);
+double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
+
+// ----------------------------------------------------------------------------
+// renderings: malloc'd text
+
+char *gcd_render_text(const cJSON *doc);    // report_text.c
+char *gcd_render_md(const cJSON *doc);      // report_md.c
+char *gcd_render_junit(const cJSON *doc);   // report_junit.c

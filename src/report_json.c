@@ -1,0 +1,309 @@
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gather.h"
+#include "report.h"
+#include "verdict.h"
+
+#ifndef GCD_VERSION
+#define GCD_VERSION "0.0.0"
+#endif
+
+// ----------------------------------------------------------------------------
+// checked cJSON building: a NULL from cJSON is out of memory
+
+static cJSON *chk(cJSON *v) {
+    if (!v) GCD_FATAL("report: cJSON out of memory");
+    return v;
+}
+static cJSON *put(cJSON *obj, const char *key, cJSON *v) {
+    if (!cJSON_AddItemToObject(obj, key, chk(v))) GCD_FATAL("report: cannot add key %s", key);
+    return v;
+}
+static cJSON *push(cJSON *arr, cJSON *v) {
+    if (!cJSON_AddItemToArray(arr, chk(v))) GCD_FATAL("report: cannot append to an array");
+    return v;
+}
+
+// cJSON prints NaN and infinities as null; here null means None, so they are strings
+static cJSON *num(double v) {
+    if (isnan(v)) return cJSON_CreateString("nan");
+    if (isinf(v)) return cJSON_CreateString(v > 0 ? "inf" : "-inf");
+    return cJSON_CreateNumber(v);
+}
+
+static cJSON *nums(const double *v, size_t n) {
+    cJSON *a = chk(cJSON_CreateArray());
+    for (size_t i = 0; v && i < n; i++) push(a, num(v[i]));
+    return a;
+}
+
+static cJSON *shape(int ndim, const int *s) {
+    cJSON *a = chk(cJSON_CreateArray());
+    for (int i = 0; i < ndim; i++) push(a, cJSON_CreateNumber(s[i]));
+    return a;
+}
+
+static cJSON *strs(char **v, int n) {
+    if (!v) return cJSON_CreateNull();
+    cJSON *a = chk(cJSON_CreateArray());
+    for (int i = 0; i < n; i++) push(a, cJSON_CreateString(v[i]));
+    return a;
+}
+
+static cJSON *str_or_null(const char *s) { return s && *s ? cJSON_CreateString(s) : cJSON_CreateNull(); }
+
+double gcd_json_num(const cJSON *v) {
+    if (cJSON_IsNumber(v)) return v->valuedouble;
+    if (cJSON_IsString(v)) {
+        if (!strcmp(v->valuestring, "inf")) return INFINITY;
+        if (!strcmp(v->valuestring, "-inf")) return -INFINITY;
+    }
+    return NAN;
+}
+
+// ----------------------------------------------------------------------------
+// building
+
+cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env) {
+    cJSON *doc = chk(cJSON_CreateObject());
+    put(doc, "schema", cJSON_CreateString(GCD_REPORT_SCHEMA));
+    cJSON *tool = put(doc, "tool", cJSON_CreateObject());
+    put(tool, "name", cJSON_CreateString("gradcheck-dist"));
+    put(tool, "version", cJSON_CreateString(GCD_VERSION));
+    put(doc, "command", strs(argv, argc));
+    cJSON *e = put(doc, "environment", cJSON_CreateObject());
+    put(e, "backend", cJSON_CreateString(env->backend));
+    put(e, "world", cJSON_CreateNumber(env->world));
+    put(e, "hostnames", strs(env->hostnames, env->world));
+    put(e, "devices", strs(env->devices, env->world));
+    put(e, "mpi_version", str_or_null(env->mpi_version));
+    put(e, "nccl_version", str_or_null(env->nccl_version));
+    put(e, "cuda_version", str_or_null(env->cuda_version));
+    put(e, "precision", cJSON_CreateString("float64"));
+    put(e, "start_time", cJSON_CreateString(env->start_time));
+    put(e, "wall_seconds", cJSON_CreateNull());
+    put(doc, "result", cJSON_CreateString("error"));   // until finished
+    put(doc, "exit_code", cJSON_CreateNumber(3));
+    put(doc, "error", cJSON_CreateNull());
+    put(doc, "tolerance", cJSON_CreateNumber(GCD_TOL));
+    put(doc, "expectations", cJSON_CreateArray());
+    put(doc, "runs", cJSON_CreateArray());
+    return doc;
+}
+
+static cJSON *setup(const gcd_run_result *res, int summary_only) {
+    cJSON *s = chk(cJSON_CreateObject());
+    cJSON *ps = put(s, "params", cJSON_CreateArray());
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        cJSON *o = push(ps, cJSON_CreateObject());
+        put(o, "name", cJSON_CreateString(p->name));
+        put(o, "shape", shape(p->ndim, p->shape));
+        put(o, "init", summary_only ? cJSON_CreateNull() : nums(p->init, p->n));
+    }
+    cJSON *ins = put(s, "inputs", cJSON_CreateArray());
+    for (int k = 0; k < res->world; k++) {
+        cJSON *r = push(ins, cJSON_CreateObject());
+        put(r, "rank", cJSON_CreateNumber(k));
+        cJSON *ts = put(r, "tensors", cJSON_CreateArray());
+        for (int j = 0; j < res->ninput; j++) {
+            cJSON *t = push(ts, cJSON_CreateObject());
+            put(t, "name", cJSON_CreateString(res->input_name[j]));
+            put(t, "shape", shape(res->input_ndim[j], res->input_shape[j]));
+            put(t, "data", summary_only ? cJSON_CreateNull() : nums(res->inputs[j] + (size_t)k * res->input_n[j], res->input_n[j]));
+        }
+    }
+    return s;
+}
+
+static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int summary_only) {
+    cJSON *o = chk(cJSON_CreateObject());
+    int none = p->status == GCD_ST_NONE;
+    put(o, "name", cJSON_CreateString(p->name));
+    put(o, "shape", shape(p->ndim, p->shape));
+    put(o, "status", cJSON_CreateString(gcd_status_str(p->status)));
+    put(o, "ranks_with_grad", cJSON_CreateNumber(p->nhave));
+    put(o, "norm", none ? cJSON_CreateNull() : num(p->norm));
+    put(o, "reference_norm", num(p->ref_norm));
+    put(o, "rel_err", none ? cJSON_CreateNull() : num(p->rel_err));
+    put(o, "scale", none ? cJSON_CreateNull() : num(p->scale));
+    put(o, "cosine", none ? cJSON_CreateNull() : num(p->cosine));
+    put(o, "nonfinite", cJSON_CreateNumber((double)p->nonfinite));
+    put(o, "moved", num(p->moved));
+    put(o, "moved_any", cJSON_CreateBool(p->moved_any));
+    if (summary_only) return o;
+    cJSON *local = put(o, "local", cJSON_CreateArray());
+    for (int k = 0; k < res->world; k++)
+        push(local, p->has[k] ? nums(p->local + (size_t)k * p->n, p->n) : cJSON_CreateNull());
+    put(o, "reduced", p->reduced ? nums(p->reduced, p->n) : cJSON_CreateNull());
+    put(o, "reference", nums(p->reference, p->n));
+    return o;
+}
+
+void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only) {
+    cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
+    put(r, "probe", cJSON_CreateString(res->probe));
+    put(r, "mode", cJSON_CreateString(gcd_gather_mode_name(res->mode)));
+    put(r, "library", cJSON_CreateString(gcd_gather_mode_library(res->mode)));
+    put(r, "role", cJSON_CreateString(role));
+    put(r, "world", cJSON_CreateNumber(res->world));
+    put(r, "local_loss", cJSON_CreateBool(res->cfg.local_loss));
+    put(r, "inputs", cJSON_CreateString(res->cfg.inputs_random ? "random" : "seed"));
+    put(r, "steps", cJSON_CreateNumber(res->steps));
+    put(r, "lr", num(res->lr));
+    put(r, "seed", cJSON_CreateNumber((double)res->cfg.seed));
+    cJSON *dims = put(r, "dims", cJSON_CreateObject());
+    put(dims, "batch", cJSON_CreateNumber(res->cfg.batch));
+    put(dims, "dim_img", cJSON_CreateNumber(res->cfg.dim_img));
+    put(dims, "dim_txt", cJSON_CreateNumber(res->cfg.dim_txt));
+    put(dims, "dim_emb", cJSON_CreateNumber(res->cfg.dim_emb));
+    put(r, "setup", setup(res, summary_only));
+    cJSON *loss = put(r, "loss", cJSON_CreateObject());
+    put(loss, "per_rank", nums(res->loss, (size_t)res->world));
+    cJSON *steps = put(loss, "per_step", cJSON_CreateArray());
+    for (int s = 0; s < res->nloss && res->steps > 0; s++) push(steps, nums(res->loss + (size_t)s * res->world, (size_t)res->world));
+    put(loss, "reference", num(res->ref_loss));
+    cJSON *ps = put(r, "params", cJSON_CreateArray());
+    for (int i = 0; i < res->nparam; i++) push(ps, param(res, &res->param[i], summary_only));
+    cJSON *fs = put(r, "findings", cJSON_CreateArray());
+    for (int i = 0; i < res->nfinding; i++) {
+        const gcd_finding *f = &res->finding[i];
+        cJSON *o = push(fs, cJSON_CreateObject());
+        put(o, "kind", cJSON_CreateString(f->kind));
+        put(o, "counts", cJSON_CreateBool(f->counts));
+        cJSON *names = put(o, "params", cJSON_CreateArray());
+        for (const char *s = f->params; *s;) {
+            size_t k = strcspn(s, ",");
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)k, s);
+            push(names, cJSON_CreateString(name));
+            s += k + (s[k] == ',');
+        }
+        put(o, "message", cJSON_CreateString(f->message));
+    }
+}
+
+void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message) {
+    cJSON *o = push(cJSON_GetObjectItem(doc, "expectations"), cJSON_CreateObject());
+    put(o, "probe", cJSON_CreateString(probe));
+    put(o, "mode", cJSON_CreateString(mode));
+    put(o, "role", cJSON_CreateString(role));
+    put(o, "met", cJSON_CreateBool(met));
+    put(o, "message", cJSON_CreateString(message));
+}
+
+void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds) {
+    const char *result = exit_code == 0 ? "pass" : exit_code == 1 ? "fail" : "error";
+    cJSON_ReplaceItemInObject(doc, "result", chk(cJSON_CreateString(result)));
+    cJSON_ReplaceItemInObject(doc, "exit_code", chk(cJSON_CreateNumber(exit_code)));
+    cJSON *e = cJSON_CreateNull();
+    if (error) {
+        e = chk(cJSON_CreateObject());
+        put(e, "message", cJSON_CreateString(error));
+        put(e, "rank", cJSON_CreateNumber(error_rank));
+    }
+    cJSON_ReplaceItemInObject(doc, "error", chk(e));
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(doc, "environment"), "wall_seconds", chk(num(wall_seconds)));
+}
+
+// ----------------------------------------------------------------------------
+// writing: whole or not at all
+
+int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
+    char *text = cJSON_Print(doc);
+    if (!text) return snprintf(err, len, "report: cJSON_Print: out of memory"), -1;
+    if (!strcmp(path, "-")) {
+        int ok = fputs(text, stdout) >= 0 && fputc('\n', stdout) != EOF && fflush(stdout) == 0;
+        free(text);
+        return ok ? 0 : (snprintf(err, len, "report: writing to stdout: %s", strerror(errno)), -1);
+    }
+    char *tmp = malloc(strlen(path) + 16);
+    mallocCheck(tmp);
+    sprintf(tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int saved = errno;
+    if (f) ok &= fclose(f) == 0;
+    else if (fd >= 0) close(fd);
+    if (ok) chmod(tmp, 0644);   // mkstemp makes 0600
+    if (ok && rename(tmp, path) != 0) ok = 0, saved = errno;
+    if (!ok) {
+        snprintf(err, len, "report: cannot write %s: %s", path, strerror(saved ? saved : EIO));
+        if (fd >= 0) unlink(tmp);
+    }
+    free(tmp);
+    free(text);
+    return ok ? 0 : -1;
+}
+
+// ----------------------------------------------------------------------------
+// reading: a gradcheck-dist report of a schema this build knows, with the keys the renderings read
+
+static int need(const cJSON *o, const char *key, cJSON_bool (*is)(const cJSON *), const char *where, char *err, size_t len) {
+    if (is(cJSON_GetObjectItemCaseSensitive(o, key))) return 1;
+    snprintf(err, len, "not a gradcheck-dist report: %s%s is missing or of the wrong type", where, key);
+    return 0;
+}
+
+cJSON *gcd_report_load(const char *path, char *err, size_t len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return snprintf(err, len, "%s: %s", path, strerror(errno)), NULL;
+    gcd_sb b = { 0 };
+    char chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) gcd_sb_printf(&b, "%.*s", (int)k, chunk);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return gcd_sb_free(&b), snprintf(err, len, "%s: read error", path), NULL;
+    if (!b.s || memchr(b.s, 0, b.len)) return gcd_sb_free(&b), snprintf(err, len, "%s: not a gradcheck-dist report (empty or binary)", path), NULL;
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithOpts(b.s, &end, 1);
+    if (!doc) {
+        size_t at = end ? (size_t)(end - b.s) : 0;
+        snprintf(err, len, "%s: not valid JSON (%s at byte %zu of %zu)", path, at >= b.len ? "ends early: truncated?" : "syntax error", at, b.len);
+        gcd_sb_free(&b);
+        return NULL;
+    }
+    gcd_sb_free(&b);
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(doc, "schema");
+    const char *prefix = "gradcheck-dist.report/";
+    char why[512] = "";
+    if (!cJSON_IsString(schema) || strncmp(schema->valuestring, prefix, strlen(prefix)))
+        snprintf(why, sizeof why, "not a gradcheck-dist report (no \"schema\": \"%s\")", GCD_REPORT_SCHEMA);
+    else if (atoi(schema->valuestring + strlen(prefix)) > 1)
+        snprintf(why, sizeof why, "schema %s is newer than this gradcheck-dist (%s) reads: upgrade it", schema->valuestring, GCD_VERSION);
+    else if (need(doc, "environment", cJSON_IsObject, "", why, sizeof why) && need(doc, "runs", cJSON_IsArray, "", why, sizeof why) &&
+             need(doc, "result", cJSON_IsString, "", why, sizeof why) && need(doc, "exit_code", cJSON_IsNumber, "", why, sizeof why) &&
+             need(doc, "expectations", cJSON_IsArray, "", why, sizeof why) && need(doc, "command", cJSON_IsArray, "", why, sizeof why)) {
+        const cJSON *run;
+        int i = 0;
+        cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(doc, "runs")) {
+            char where[32];
+            snprintf(where, sizeof where, "runs[%d].", i++);
+            if (!(need(run, "probe", cJSON_IsString, where, why, sizeof why) && need(run, "mode", cJSON_IsString, where, why, sizeof why) &&
+                  need(run, "params", cJSON_IsArray, where, why, sizeof why) && need(run, "findings", cJSON_IsArray, where, why, sizeof why) &&
+                  need(run, "loss", cJSON_IsObject, where, why, sizeof why)))
+                break;
+            const cJSON *p;
+            cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(run, "params")) {
+                if (!(need(p, "name", cJSON_IsString, where, why, sizeof why) && need(p, "status", cJSON_IsString, where, why, sizeof why) &&
+                      need(p, "shape", cJSON_IsArray, where, why, sizeof why)))
+                    break;
+            }
+            if (*why) break;
+        }
+    }
+    if (*why) {
+        snprintf(err, len, "%s: %s", path, why);
+        cJSON_Delete(doc);
+        return NULL;
+    }
+    return doc;
+}

@@ -1,0 +1,120 @@
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+#include "report_render.h"
+
+#define MAX_RUNS 64
+
+static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
+
+// "|" would end a Markdown table cell
+static void cell(gcd_sb *b, const char *s) {
+    for (; *s; s++) gcd_sb_printf(b, *s == '|' ? "\\|" : "%c", *s);
+}
+
+// the first thing a reader should know: the first unmet expectation, or that all is well
+static void title(gcd_sb *b, const cJSON *doc) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
+        if (!gcd_jbool(e, "met")) return gcd_sb_printf(b, "# gradcheck-dist: %s\n\n", gcd_jstr(e, "message"));
+    }
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    if (cJSON_IsObject(err)) return gcd_sb_printf(b, "# gradcheck-dist: run failed on rank %d: %s\n\n", (int)gcd_jnum(err, "rank"), gcd_jstr(err, "message"));
+    gcd_sb_printf(b, "# gradcheck-dist: no unexpected gradient finding\n\n");
+}
+
+static void command(gcd_sb *b, const cJSON *doc) {
+    const cJSON *a;
+    int i = 0;
+    gcd_sb_printf(b, "```sh\n");
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(doc, "command")) {
+        const char *s = cJSON_IsString(a) ? a->valuestring : "";
+        if (i++ == 0) s = "gradcheck-dist";   // argv[0] was this machine's path
+        if (strpbrk(s, " \t'\"$`\\|&;<>()*?") || !*s) {
+            gcd_sb_printf(b, " '");
+            for (; *s; s++) gcd_sb_printf(b, *s == '\'' ? "'\\''" : "%c", *s);
+            gcd_sb_printf(b, "'");
+        } else {
+            gcd_sb_printf(b, "%s%s", i > 1 ? " " : "", s);
+        }
+    }
+    gcd_sb_printf(b, "\n```\n\n");
+}
+
+char *gcd_render_md(const cJSON *doc) {
+    gcd_sb b = { 0 };
+    const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment"), *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs");
+    title(&b, doc);
+    gcd_sb_printf(&b, "**Result: %s** (exit %d)\n\n## Environment\n\n| | |\n|---|---|\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
+    gcd_sb_printf(&b, "| tool | gradcheck-dist %s |\n", gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"));
+    gcd_sb_printf(&b, "| backend | %s |\n| world | %d |\n", gcd_jstr(env, "backend"), (int)gcd_jnum(env, "world"));
+    gcd_sb_printf(&b, "| hosts |");
+    const cJSON *h;
+    int i = 0;
+    cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "hostnames")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
+    gcd_sb_printf(&b, " |\n| devices |");
+    i = 0;
+    cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "devices")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
+    gcd_sb_printf(&b, "%s |\n", i ? "" : " -");
+    gcd_sb_printf(&b, "| MPI | %s |\n| NCCL | %s |\n| CUDA | %s |\n", or_dash(gcd_jstr(env, "mpi_version")), or_dash(gcd_jstr(env, "nccl_version")),
+                  or_dash(gcd_jstr(env, "cuda_version")));
+    gcd_sb_printf(&b, "| precision, tolerance | %s, %g |\n| started | %s |\n| wall | %.2f s |\n\n", gcd_jstr(env, "precision"),
+                  gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"), gcd_jnum(env, "wall_seconds"));
+
+    gcd_sb_printf(&b, "## Findings\n\n");
+    const cJSON *run, *f;
+    int nf = 0;
+    cJSON_ArrayForEach(run, runs) {
+        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) {
+            if (!gcd_jbool(f, "counts")) continue;
+            char t[160];
+            gcd_sb_printf(&b, "- **%s, mode %s** (%s): %s\n", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), gcd_jstr(run, "role"), gcd_jstr(f, "message"));
+            nf++;
+        }
+    }
+    if (!nf) gcd_sb_printf(&b, "None: every gradient matches the single-process reference.\n");
+    gcd_sb_printf(&b, "\n## Expectations\n\n");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) gcd_sb_printf(&b, "- %s %s\n", gcd_jbool(e, "met") ? "ok:" : "**FAILED:**", gcd_jstr(e, "message"));
+
+    gcd_sb_printf(&b, "\n## Gradients per parameter and gather mode\n\nCell: status, L2 norm of the DDP-mean gradient, and its scale (xC) or cosine against the single-process reference.\n\n");
+    int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS);
+    for (int g = 0; g < ng; g++) {
+        const cJSON *cols[MAX_RUNS] = { 0 };
+        int ncol = 0;
+        i = 0;
+        cJSON_ArrayForEach(run, runs) {
+            if (i < MAX_RUNS && group[i] == g) cols[ncol++] = run;
+            i++;
+        }
+        char t[160], c[64], shp[32];
+        gcd_sb_printf(&b, "### %s\n\n| parameter | shape |", gcd_run_title(cols[0], t, sizeof t));
+        for (int k = 0; k < ncol; k++) gcd_sb_printf(&b, " %s (%s) |", gcd_jstr(cols[k], "mode"), gcd_jstr(cols[k], "role"));
+        gcd_sb_printf(&b, "\n|---|---|");
+        for (int k = 0; k < ncol; k++) gcd_sb_printf(&b, "---|");
+        gcd_sb_printf(&b, "\n");
+        const cJSON *p0;
+        int row = 0;
+        cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+            gcd_sb_printf(&b, "| %s | %s |", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+            for (int k = 0; k < ncol; k++) {
+                const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[k], "params"), row);
+                gcd_sb_printf(&b, " ");
+                cell(&b, p ? gcd_cell(p, c, sizeof c) : "?");
+                gcd_sb_printf(&b, " |");
+            }
+            gcd_sb_printf(&b, "\n");
+            row++;
+        }
+        gcd_sb_printf(&b, "\n");
+    }
+    gcd_sb_printf(&b, "## Reproduce\n\n");
+    command(&b, doc);
+    char *json = cJSON_Print(doc);
+    gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n```json\n%s\n```\n\n</details>\n", json ? json : "(out of memory)");
+    free(json);
+    return b.s;
+}

@@ -1,0 +1,19 @@
+/*
+ * report_render: what the renderings share: reading a report's fields (absent or odd values read as
+ * "" or NAN, never a crash), grouping runs by probe configuration, and one table cell per gradient.
+ */
+#pragma once
+#include <cjson/cJSON.h>
+
+#include "util.h"
+
+const char *gcd_jstr(const cJSON *o, const char *key);   // "" when absent
+double gcd_jnum(const cJSON *o, const char *key);         // NAN when absent or null
+int gcd_jbool(const cJSON *o, const char *key);
+char *gcd_jshape(const cJSON *o, char *buf, size_t len);  // "(4,8)" from o's "shape"
+// runs with the same probe, local_loss and inputs form one table; returns how many groups and fills
+// group[i] with each run's group index (at most 64 runs)
+int gcd_run_groups(const cJSON *runs, int *group, int max);
+char *gcd_run_title(const cJSON *run, char *buf, size_t len);    // "contrastive (local_loss, inputs random)"
+char *gcd_cell(const cJSON *param, char *buf, size_t len);       // "scaled    5.829e-02 x0.25"
+int gcd_run_counts(const cJSON *run);                            // findings that count

@@ -1,0 +1,184 @@
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "report.h"
+#include "report_render.h"
+
+// ----------------------------------------------------------------------------
+// shared readers
+
+const char *gcd_jstr(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+double gcd_jnum(const cJSON *o, const char *key) { return gcd_json_num(cJSON_GetObjectItemCaseSensitive(o, key)); }
+
+int gcd_jbool(const cJSON *o, const char *key) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key)); }
+
+char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
+    const cJSON *d;
+    size_t k = (size_t)snprintf(buf, len, "(");
+    int i = 0;
+    cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(o, "shape")) {
+        if (k < len) k += (size_t)snprintf(buf + k, len - k, i++ ? ",%d" : "%d", (int)gcd_json_num(d));
+    }
+    if (k < len) snprintf(buf + k, len - k, ")");
+    return buf;
+}
+
+char *gcd_run_title(const cJSON *run, char *buf, size_t len) {
+    snprintf(buf, len, "%s (%sinputs %s, world %d)", gcd_jstr(run, "probe"), gcd_jbool(run, "local_loss") ? "local_loss, " : "",
+             gcd_jstr(run, "inputs"), (int)gcd_jnum(run, "world"));
+    return buf;
+}
+
+int gcd_run_groups(const cJSON *runs, int *group, int max) {
+    char title[64][160];
+    int ng = 0, i = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, runs) {
+        if (i == max) break;
+        char t[160];
+        gcd_run_title(r, t, sizeof t);
+        int g = 0;
+        while (g < ng && strcmp(title[g], t)) g++;
+        if (g == ng) snprintf(title[ng++], sizeof title[0], "%s", t);
+        group[i++] = g;
+    }
+    return ng;
+}
+
+char *gcd_cell(const cJSON *p, char *buf, size_t len) {
+    const char *st = gcd_jstr(p, "status");
+    double norm = gcd_jnum(p, "norm");
+    char n[16] = "-", note[24] = "";
+    if (!isnan(norm)) snprintf(n, sizeof n, "%.3e", norm);
+    if (!strcmp(st, "scaled")) snprintf(note, sizeof note, "x%.4g", gcd_jnum(p, "scale"));
+    else if (!strcmp(st, "mismatch")) snprintf(note, sizeof note, "cos %.3f", gcd_jnum(p, "cosine"));
+    else if (!strcmp(st, "partial")) snprintf(note, sizeof note, "%d ranks", (int)gcd_jnum(p, "ranks_with_grad"));
+    else if (!strcmp(st, "nonfinite")) snprintf(note, sizeof note, "%d bad", (int)gcd_jnum(p, "nonfinite"));
+    snprintf(buf, len, "%-9s %-9s %s", st, n, note);
+    return buf;
+}
+
+int gcd_run_counts(const cJSON *run) {
+    int n = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) n += gcd_jbool(f, "counts");
+    return n;
+}
+
+// ----------------------------------------------------------------------------
+// the text report
+
+#define CELL 30
+#define MAX_RUNS 64
+
+static void sparkline(gcd_sb *b, const cJSON *steps) {
+    static const char *bar[8] = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" };
+    int n = cJSON_GetArraySize(steps);
+    double v[512] = { 0 }, lo = INFINITY, hi = -INFINITY;
+    if (n > 512) n = 512;
+    for (int s = 0; s < n; s++) {   // mean over ranks
+        const cJSON *row = cJSON_GetArrayItem(steps, s), *x;
+        double sum = 0;
+        int k = 0;
+        cJSON_ArrayForEach(x, row) sum += gcd_json_num(x), k++;
+        v[s] = k ? sum / k : NAN;
+        lo = fmin(lo, v[s]), hi = fmax(hi, v[s]);
+    }
+    gcd_sb_printf(b, "%-10.6g ", n ? v[0] : NAN);
+    int width = n < 40 ? n : 40;
+    for (int i = 0; i < width; i++) {
+        double x = v[(long)i * (n - 1) / (width > 1 ? width - 1 : 1)];
+        int level = hi > lo ? (int)((x - lo) / (hi - lo) * 7.999) : 0;
+        gcd_sb_printf(b, "%s", isfinite(x) ? bar[level] : "?");
+    }
+    gcd_sb_printf(b, " %.6g\n", n ? v[n - 1] : NAN);
+}
+
+static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
+    const cJSON *run, *cols[MAX_RUNS] = { 0 };
+    int ncol = 0, i = 0;
+    cJSON_ArrayForEach(run, runs) {
+        if (i < MAX_RUNS && group[i] == g) cols[ncol++] = run;
+        i++;
+    }
+    char t[160], cell[64], shp[32];
+    gcd_sb_printf(b, "%s\n", gcd_run_title(cols[0], t, sizeof t));
+    gcd_sb_printf(b, "  %-12s %-7s", "parameter", "shape");
+    for (int c = 0; c < ncol; c++) {
+        char h[48];
+        snprintf(h, sizeof h, "%s (%s)", gcd_jstr(cols[c], "mode"), gcd_jstr(cols[c], "role"));
+        gcd_sb_printf(b, " | %-*s", CELL, h);
+    }
+    gcd_sb_printf(b, "\n  %-12s %-7s", "", "");
+    for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, "status    |g|       vs ref");
+    gcd_sb_printf(b, "\n");
+    const cJSON *p0;
+    int row = 0;
+    cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+        gcd_sb_printf(b, "  %-12s %-7s", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+        for (int c = 0; c < ncol; c++) {
+            const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
+            gcd_sb_printf(b, " | %-*s", CELL, p ? gcd_cell(p, cell, sizeof cell) : "?");
+        }
+        gcd_sb_printf(b, "\n");
+        row++;
+    }
+    gcd_sb_printf(b, "  |g|: L2 norm of the DDP-mean gradient; xC: g = C * reference; cos: cosine to the reference\n");
+    for (int c = 0; c < ncol; c++) {
+        const cJSON *f;
+        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
+            gcd_sb_printf(b, "  %-5s %s %s\n", gcd_jstr(cols[c], "mode"), gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
+        }
+    }
+    if (gcd_jnum(cols[0], "steps") > 0) {
+        gcd_sb_printf(b, "  loss over %d SGD steps (lr %g, mean over ranks): first, curve, last\n", (int)gcd_jnum(cols[0], "steps"),
+                      gcd_jnum(cols[0], "lr"));
+        for (int c = 0; c < ncol; c++) {
+            gcd_sb_printf(b, "    %-6s ", gcd_jstr(cols[c], "mode"));
+            sparkline(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cols[c], "loss"), "per_step"));
+        }
+        gcd_sb_printf(b, "  how far each parameter moved, ||end - start||\n  %-12s %-7s", "parameter", "shape");
+        for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-14s", gcd_jstr(cols[c], "mode"));
+        gcd_sb_printf(b, "\n");
+        row = 0;
+        cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+            gcd_sb_printf(b, "  %-12s %-7s", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+            for (int c = 0; c < ncol; c++) {
+                const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
+                if (p && !gcd_jbool(p, "moved_any")) snprintf(cell, sizeof cell, "0 (never)");
+                else snprintf(cell, sizeof cell, "%.3e", p ? gcd_jnum(p, "moved") : NAN);
+                gcd_sb_printf(b, " | %-14s", cell);
+            }
+            gcd_sb_printf(b, "\n");
+            row++;
+        }
+    }
+    gcd_sb_printf(b, "\n");
+}
+
+char *gcd_render_text(const cJSON *doc) {
+    gcd_sb b = { 0 };
+    const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment");
+    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs");
+    gcd_sb_printf(&b, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g\n\n",
+                  gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"), gcd_jstr(env, "backend"),
+                  (int)gcd_jnum(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+    int group[MAX_RUNS];
+    int ng = gcd_run_groups(runs, group, MAX_RUNS);
+    for (int g = 0; g < ng; g++) group_table(&b, runs, group, g);
+    const cJSON *e;
+    int unmet = 0;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
+        if (!unmet++) gcd_sb_printf(&b, "expectations\n");
+        gcd_sb_printf(&b, "  %-4s %s\n", gcd_jbool(e, "met") ? "ok" : "FAIL", gcd_jstr(e, "message"));
+    }
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    if (cJSON_IsObject(err)) gcd_sb_printf(&b, "error on rank %d: %s\n", (int)gcd_jnum(err, "rank"), gcd_jstr(err, "message"));
+    gcd_sb_printf(&b, "result: %s (exit %d)\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
+    return b.s;
+}

@@ -1,0 +1,138 @@
+#include "util.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// fatal errors
+
+static int fatal_rank = -1;
+static void (*fatal_abort)(int code);
+static void (*fatal_hook)(const char *message);
+
+void gcd_fatal_setup(int rank, void (*abort_job)(int code), void (*hook)(const char *message)) {
+    fatal_rank = rank;
+    fatal_abort = abort_job;
+    fatal_hook = hook;
+}
+
+void gcd_fatal_at(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (fatal_rank >= 0) fprintf(stderr, "gradcheck-dist: rank %d: %s (%s:%d)\n", fatal_rank, msg, file, line);
+    else fprintf(stderr, "gradcheck-dist: %s (%s:%d)\n", msg, file, line);
+    fflush(stderr);
+    void (*hook)(const char *) = fatal_hook;
+    fatal_hook = NULL;   // a failure inside the hook must not recurse
+    if (hook) hook(msg);
+    if (fatal_abort) fatal_abort(3);
+    exit(3);
+}
+
+void *gcd_malloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) GCD_FATAL("out of memory: %zu bytes", bytes);
+    return p;
+}
+
+char *gcd_strdup(const char *s) {
+    char *p = gcd_malloc(strlen(s) + 1);
+    return strcpy(p, s);
+}
+
+// ----------------------------------------------------------------------------
+// arena
+
+struct gcd_chunk {
+    gcd_chunk *next;
+    size_t cap, used;
+    _Alignas(16) unsigned char data[];
+};
+
+void *gcd_arena_alloc(gcd_arena *a, size_t bytes) {
+    bytes = (bytes + 15) & ~(size_t)15;
+    if (!a->head || a->head->cap - a->head->used < bytes) {
+        size_t cap = bytes > (1u << 20) ? bytes : (1u << 20);
+        gcd_chunk *c = malloc(sizeof *c + cap);
+        if (!c) GCD_FATAL("arena: out of memory: need %zu bytes more, %zu in use", cap, a->bytes);
+        c->next = a->head;
+        c->cap = cap;
+        c->used = 0;
+        a->head = c;
+    }
+    void *p = a->head->data + a->head->used;
+    a->head->used += bytes;
+    a->bytes += bytes;
+    return memset(p, 0, bytes);
+}
+
+void gcd_arena_reset(gcd_arena *a) {
+    // keep the newest chunk, free the rest
+    if (!a->head) return;
+    gcd_chunk *c = a->head->next;
+    while (c) { gcd_chunk *n = c->next; free(c); c = n; }
+    a->head->next = NULL;
+    a->head->used = 0;
+    a->bytes = 0;
+}
+
+void gcd_arena_free(gcd_arena *a) {
+    gcd_arena_reset(a);
+    free(a->head);
+    a->head = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// random numbers: splitmix64
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+gcd_rng gcd_rng_make(uint64_t seed, uint64_t stream) {
+    uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
+    gcd_rng r = { splitmix(&s) };
+    return r;
+}
+
+double gcd_rng_uniform(gcd_rng *r) { return (splitmix(&r->s) >> 11) * 0x1.0p-53; }
+
+double gcd_rng_normal(gcd_rng *r) {
+    double u1 = gcd_rng_uniform(r), u2 = gcd_rng_uniform(r);
+    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+}
+
+// ----------------------------------------------------------------------------
+// string builder
+
+void gcd_sb_printf(gcd_sb *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) GCD_FATAL("format failed: %s", fmt);
+        if (b->s && b->len + (size_t)k < b->cap) { b->len += (size_t)k; return; }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap <= b->len + (size_t)k) cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) GCD_FATAL("out of memory: %zu bytes", cap);
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+void gcd_sb_free(gcd_sb *b) {
+    free(b->s);
+    b->s = NULL;
+    b->len = b->cap = 0;
+}

@@ -1,0 +1,51 @@
+/*
+ * util: what every module shares. Fatal checks that name the rank and the call and stop the whole
+ * job, the arena that holds one pass's tensors, and the seeded random numbers that let any rank
+ * rebuild any other rank's inputs from (seed, rank) alone.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+// ----------------------------------------------------------------------------
+// fatal errors: print "rank R: message (file:line)", run the hook (rank 0 writes its error report),
+// then stop every rank through the abort function (MPI_Abort) or exit(3)
+
+void gcd_fatal_at(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+void gcd_fatal_setup(int rank, void (*abort_job)(int code), void (*hook)(const char *message));
+#define GCD_FATAL(...) gcd_fatal_at(__FILE__, __LINE__, __VA_ARGS__)
+#define mallocCheck(p) do { if (!(p)) GCD_FATAL("out of memory"); } while (0)
+void *gcd_malloc(size_t bytes);   // zeroed; fatal on failure
+char *gcd_strdup(const char *s);
+
+// ----------------------------------------------------------------------------
+// arena: bump allocation in chunks, everything freed at once
+
+typedef struct gcd_chunk gcd_chunk;
+typedef struct {
+    gcd_chunk *head;
+    size_t bytes;   // handed out since the last reset
+} gcd_arena;
+
+void *gcd_arena_alloc(gcd_arena *a, size_t bytes);   // zeroed, 16-byte aligned
+void gcd_arena_reset(gcd_arena *a);
+void gcd_arena_free(gcd_arena *a);
+
+// ----------------------------------------------------------------------------
+// random numbers: one independent stream per (seed, stream); streams are "params", "rank k", ...
+
+typedef struct { uint64_t s; } gcd_rng;
+gcd_rng gcd_rng_make(uint64_t seed, uint64_t stream);
+double gcd_rng_uniform(gcd_rng *r);   // [0, 1)
+double gcd_rng_normal(gcd_rng *r);    // N(0, 1)
+
+// ----------------------------------------------------------------------------
+// string builder for the renderings
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} gcd_sb;
+
+void gcd_sb_printf(gcd_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void gcd_sb_free(gcd_sb *b);
