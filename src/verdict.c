@@ -44,13 +44,13 @@ void gcd_classify(gcd_param_result *p, int world, double tol) {
     p->norm = sqrt(gg);
     p->rel_err = rr > 0 ? sqrt(dd) / p->ref_norm : (gg > 0 ? INFINITY : 0);
     p->cosine = gg > 0 && rr > 0 ? gr / (p->norm * p->ref_norm) : NAN;
-    if (rr > 0) {   // g = c r + e with e orthogonal to r
+    if (rr > 0) {   // g = c r + e with e orthogonal to r; ||e|| summed directly (gg - gr^2/rr cancels)
         p->scale = gr / rr;
-        double res2 = gg - gr * gr / rr;
-        if (res2 < 0) res2 = 0;
+        double ee = 0;
+        for (size_t i = 0; i < p->n; i++) ee += (g[i] - p->scale * r[i]) * (g[i] - p->scale * r[i]);
         if (sqrt(dd) <= tol * p->ref_norm) p->status = GCD_ST_OK;
         else if (allzero) p->status = GCD_ST_ZERO;
-        else if (sqrt(res2) <= tol * p->norm && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
+        else if (sqrt(ee) <= tol * p->norm && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
         else p->status = GCD_ST_MISMATCH;
     } else {
         p->status = allzero ? GCD_ST_OK : GCD_ST_MISMATCH;   // the reference is zero: only zero is right

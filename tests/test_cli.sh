@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The command line end to end: usage errors (exit 2, the flag named, before any rank starts), the exit
+# status of run, the reports it leaves and their renderings. A few launches, many checks each.
+# usage: test_cli.sh GRADCHECK_DIST SOURCE_DIR PYTHON
+set -u
+G=$1 SRC=$2 PY=${3:-/usr/bin/python3}
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+
+# ---- usage errors
+usage_error() {   # FLAG ARGS...: exit 2 and one line naming FLAG
+    local flag=$1 out rc
+    shift
+    out=$("$G" "$@" 2>&1) && rc=0 || rc=$?
+    [ "$rc" = 2 ] || fail "'$*' exited $rc, expected 2: $out"
+    grep -q -- "$flag" <<<"$out" || fail "'$*': the message does not name $flag: $out"
+    [ "$(wc -l <<<"$out")" = 1 ] || fail "'$*': expected one line, got: $out"
+}
+usage_error --world run --world 0
+usage_error --world run --world four
+usage_error --world run --world
+usage_error --world run --world=
+usage_error --probe run --probe resnet
+usage_error --mode run --mode sideways
+usage_error --mode run --mode on,on
+usage_error --inputs run --inputs some
+usage_error --seed run --seed -1
+usage_error --steps run --steps x
+usage_error --lr run --lr 0
+usage_error --batch run --batch 0
+usage_error --hostfile run --hostfile /nonexistent/hosts
+usage_error --backend run --backend gloo
+usage_error --local-loss run --probe simplenet --local-loss
+usage_error --no-json run --no-json --json x.json
+usage_error --bogus run --bogus
+usage_error --no-json run --no-json=1
+usage_error frobnicate frobnicate
+usage_error --format report x.json --format pdf
+usage_error FILE report
+"$G" >/dev/null 2>&1; [ $? = 2 ] || fail "no command must exit 2"
+[ ! -e reports ] || fail "a usage error created reports/"
+"$G" --help | grep -q "exit status" || fail "--help does not document the exit status"
+"$G" run --help | grep -q -- "--mode" || fail "run --help does not list --mode"
+"$G" --version | grep -Eq "^gradcheck-dist [0-9]+\.[0-9]+\.[0-9]+$" || fail "--version: $("$G" --version)"
+
+# ---- the run a CI job makes: sync_grads=False under test must fail
+"$G" run --world 4 --mode off --no-json >off.txt 2>&1
+rc=$?
+[ $rc = 1 ] || fail "run --world 4 --mode off exited $rc, expected 1"
+grep -q "fc1.weight and fc1.bias receive no gradient on any rank" off.txt || fail "mode off: no verdict naming fc1: $(cat off.txt)"
+grep -q "only 1 of 5 parameters receives a gradient: logit_scale" off.txt || fail "mode off: no verdict naming logit_scale"
+[ ! -e reports ] || fail "--no-json wrote a report"
+
+# ---- the default run: on under test, the other modes as controls; the report and its round trip
+"$G" run --world 4 --json run.json >run.txt 2>run.err
+rc=$?
+[ $rc = 0 ] || fail "run --world 4 exited $rc, expected 0: $(cat run.txt run.err)"
+for m in off on local avg; do grep -q "^  $m " run.txt || fail "the table has no verdict line for mode $m"; done
+grep -q "^report: run.json$" run.txt || fail "run did not print the report's path"
+"$G" report run.json >report.txt || fail "report run.json failed"
+diff <(grep -v '^report: ' run.txt) report.txt >/dev/null || fail "report text differs from what run printed: $(diff <(grep -v '^report: ' run.txt) report.txt | head)"
+"$PY" "$SRC/tests/check_report.py" "$SRC/reports/schema.json" run.json run.txt || fail "check_report.py on run.json"
+
+"$G" report run.json --format junit >junit.xml || fail "report --format junit failed"
+"$PY" - junit.xml <<'PY' || fail "junit.xml is not the JUnit expected"
+import sys, xml.etree.ElementTree as E
+root = E.parse(sys.argv[1]).getroot()
+assert root.tag == "testsuites", root.tag
+cases = root.findall(".//testcase")
+assert len(cases) == 8, len(cases)
+assert not root.findall(".//failure"), "a passing run has no failure"
+assert len(root.findall(".//skipped")) == 6, "the six controls that behaved are skipped"
+PY
+"$G" report run.json --format md >run.md || fail "report --format md failed"
+for want in '^# gradcheck-dist: ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
+    grep -q -- "$want" run.md || fail "the Markdown has no line matching $want"
+done
+
+# ---- with findings: the Markdown's title names the first one, JUnit fails it
+"$G" run --world 2 --probe contrastive --mode off,on --json off.json >/dev/null 2>&1
+[ $? = 1 ] || fail "--mode off,on must exit 1"
+"$G" report off.json --format md | head -1 | grep -q "only 1 of 5 parameters receives a gradient" || fail "md title: $("$G" report off.json --format md | head -1)"
+[ "$("$G" report off.json --format junit | grep -c '<failure')" = 1 ] || fail "junit must fail mode off only"
+
+# ---- --json -: the JSON on stdout, the table on stderr; default path under reports/
+"$G" run --world 2 --probe simplenet --json - >stdout.json 2>stderr.txt
+"$PY" -c 'import json,sys; d=json.load(open("stdout.json")); assert d["result"]=="pass"' || fail "--json -: stdout is not the report"
+grep -q "^simplenet (inputs seed, world 2)" stderr.txt || fail "--json -: the table is not on stderr"
+"$G" run --world 1 --probe simplenet --mode on --summary-only >default.txt || fail "a world-1 run failed"
+path=$(sed -n 's/^report: //p' default.txt)
+[[ $path == reports/gradcheck-*Z.json ]] && [ -f "$path" ] || fail "default report path: '$path'"
+"$PY" - "$path" <<'PY' || fail "--summary-only kept values"
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["runs"][0]["params"][0]
+assert "local" not in p and "reduced" not in p and p["status"] == "ok", p
+PY
+ls reports/*.tmp.* >/dev/null 2>&1 && fail "a temporary file was left in reports/"
+
+# ---- steps: the loss moves while the encoders never do
+"$G" run --world 2 --probe contrastive --mode off --steps 20 --no-json >steps.txt 2>&1
+[ $? = 1 ] || fail "--steps 20 --mode off must exit 1"
+grep -q "learning stopped: the loss went" steps.txt || fail "no 'learning stopped' finding: $(cat steps.txt)"
+
+# ---- bad report files: exit 2, one line, the file named
+echo '{"hello": 1}' >foreign.json
+head -c 300 run.json >truncated.json
+sed 's#gradcheck-dist.report/1#gradcheck-dist.report/9#' run.json >newer.json
+for f in foreign.json truncated.json newer.json missing.json; do
+    out=$("$G" report "$f" 2>&1) && rc=0 || rc=$?
+    [ $rc = 2 ] || fail "report $f exited $rc, expected 2"
+    grep -q "$f" <<<"$out" || fail "report $f: the message does not name the file: $out"
+done
+"$G" report truncated.json 2>&1 | grep -q "truncated" || fail "a truncated report must be called truncated"
+"$G" report newer.json 2>&1 | grep -q "newer" || fail "a newer schema must be called newer"
+
+# ---- inside an MPI job: --world must agree with the job
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+out=$(mpirun -q "${root[@]}" --oversubscribe -np 2 "$G" run --world 3 --no-json 2>&1) && rc=0 || rc=$?
+[ $rc = 2 ] && grep -q -- "--world" <<<"$out" || fail "--world 3 inside a 2-rank job: exit $rc: $out"
+
+# ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    usage_error --backend run --backend nccl --world 1
+    "$G" run --backend nccl --world 1 2>&1 | grep -q -- "--backend mpi" || fail "--backend nccl must suggest --backend mpi"
+fi
+
+echo "test_cli: $fails failure(s)"
+[ $fails = 0 ]

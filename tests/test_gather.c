@@ -1,0 +1,94 @@
+// The autograd all_gather and the DDP mean under mpirun. Every rank rebuilds every other rank's
+// tensors from (seed, rank), so each checks the collective's forward and backward locally; the
+// mismatches are summed over ranks and any makes every rank exit non-zero.
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ddp.h"
+#include "gather.h"
+
+#define B 3
+#define D 2
+
+static void fill(double *v, size_t n, uint64_t seed, int rank) {
+    gcd_rng r = gcd_rng_make(seed, 100 + (uint64_t)rank);
+    for (size_t i = 0; i < n; i++) v[i] = gcd_rng_normal(&r);
+}
+
+// grad_on: which ranks give the gathered result a gradient (bit k: rank k)
+static void gather_mode_should_route_gradients(gcd_comm *comm, int mode, unsigned grad_on) {
+    int W = comm->world, R = comm->rank;
+    gcd_arena a = { 0 };
+    gcd_ctx c = gcd_ctx_make(&a);
+    gcd_tensor *x = gcd_tensor_new(&c, 2, (int[]){ B, D });
+    x->requires_grad = 1;
+    fill(x->data, x->n, 1, R);
+    gcd_tensor *y = gcd_all_gather(&c, comm, x, mode);
+    const char *m = gcd_gather_mode_name(mode);
+
+    // forward: every rank's x in rank order
+    CHECK(y->ndim == 2 && y->shape[0] == W * B && y->shape[1] == D, "%s: gathered shape (%d,%d)", m, y->shape[0], y->shape[1]);
+    double *expect = malloc((size_t)W * B * D * sizeof(double));
+    for (int k = 0; k < W; k++) fill(expect + k * B * D, B * D, 1, k);
+    for (int i = 0; i < W * B * D; i++) CHECK(y->data[i] == expect[i], "rank %d %s forward [%d]: %g != %g", R, m, i, y->data[i], expect[i]);
+
+    // backward from G_r, a rank-seeded gradient, on the ranks in grad_on
+    int mine = (grad_on >> R) & 1;
+    if (mine) fill(gcd_grad_buf(&c, y), y->n, 2, R);
+    gcd_backward_from(&c, y);
+    double want[B * D] = { 0 }, *G = malloc(y->n * sizeof(double));
+    int any = 0;
+    for (int k = 0; k < W; k++) {
+        if (!((grad_on >> k) & 1)) continue;
+        fill(G, y->n, 2, k);
+        int counts = mode == GCD_GATHER_ON || mode == GCD_GATHER_AVG || W == 1 ? 1 : (mode == GCD_GATHER_LOCAL && k == R);
+        if (!counts) continue;
+        any = 1;
+        for (int i = 0; i < B * D; i++) want[i] += G[R * B * D + i] / (mode == GCD_GATHER_AVG && W > 1 ? W : 1);
+    }
+    if (!any) {
+        CHECK(x->grad == NULL, "rank %d %s: no gradient reached the gather, x must keep None", R, m);
+    } else {
+        CHECK(x->grad != NULL, "rank %d %s: x got None, expected a gradient", R, m);
+        for (int i = 0; x->grad && i < B * D; i++)
+            CHECK(close_to(x->grad[i], want[i], 1e-14), "rank %d %s backward [%d]: %.17g != %.17g", R, m, i, x->grad[i], want[i]);
+    }
+    free(G);
+    free(expect);
+    gcd_arena_free(&a);
+}
+
+static void ddp_mean_should_track_none(gcd_comm *comm) {
+    int W = comm->world, R = comm->rank;
+    double g[5], mean[5], *all = malloc((size_t)W * 5 * sizeof(double));
+    unsigned char *has = malloc((size_t)W);
+    fill(g, 5, 3, R);
+    int nhave = gcd_ddp_mean(comm, R % 2 ? NULL : g, 5, mean, all, has);   // None on odd ranks
+    CHECK(nhave == (W + 1) / 2, "rank %d: %d ranks with a gradient, expected %d", R, nhave, (W + 1) / 2);
+    for (int i = 0; i < 5; i++) {
+        double want = 0, gk[5];
+        for (int k = 0; k < W; k += 2) fill(gk, 5, 3, k), want += gk[i];
+        CHECK(close_to(mean[i], want / W, 1e-15), "rank %d: mean[%d] %.17g != %.17g", R, i, mean[i], want / W);
+    }
+    for (int k = 0; k < W; k++) CHECK(has[k] == !(k % 2), "rank %d: has[%d] = %d", R, k, has[k]);
+    free(all);
+    free(has);
+}
+
+int main(int argc, char **argv) {
+    gcd_mpi_init(&argc, &argv);
+    gcd_comm *comm = gcd_comm_mpi();
+    unsigned every = (1u << comm->world) - 1;
+    for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) {
+        gather_mode_should_route_gradients(comm, mode, every);   // every rank reaches the gather
+        gather_mode_should_route_gradients(comm, mode, 1);       // rank 0 only
+        gather_mode_should_route_gradients(comm, mode, 0);       // no rank: every input keeps None
+    }
+    ddp_mean_should_track_none(comm);
+    double failures = check_failures;
+    comm->all_reduce(comm, &failures, 1);
+    if (comm->rank == 0) printf("test_gather world %d: %s, %d failure(s) over all ranks\n", comm->world, failures ? "FAILED" : "passed", (int)failures);
+    gcd_mpi_finalize();
+    return failures != 0;
+}

@@ -1,0 +1,178 @@
+// The JSON report without MPI: non-finite gradients written as strings and read back, a writer
+// killed between its temporary file and the rename, and reports that are truncated, foreign or newer.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "report.h"
+#include "verdict.h"
+
+// The report writer's rename, interposed: a child with kill_in_rename set dies right there.
+static int kill_in_rename;
+int rename(const char *from, const char *to) {
+    if (kill_in_rename) raise(SIGKILL);
+    return renameat(AT_FDCWD, from, AT_FDCWD, to);
+}
+
+static char dir[] = "/tmp/gcd-test-report-XXXXXX";
+
+static char *path_in(const char *name) {
+    static char p[8][256];
+    static int i;
+    char *s = p[i++ % 8];
+    snprintf(s, 256, "%s/%s", dir, name);
+    return s;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *s = calloc(1, (size_t)n + 1);
+    if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    return s;
+}
+
+static void spit(const char *path, const char *text, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(text, 1, n, f);
+    fclose(f);
+}
+
+// a two-rank run whose fc1.weight gradient holds a NaN and an infinity, and whose fc1.bias is None
+static cJSON *nonfinite_report(void) {
+    static double init[2][4], local[2][8], reference[2][4] = { { 1, 2, 3, 4 }, { 1, 1 } }, loss[2] = { 0.5, 0.5 };
+    static double reduced[4] = { NAN, 1, INFINITY, -INFINITY };
+    static unsigned char has[2][2] = { { 1, 1 }, { 0, 0 } };
+    gcd_run_result res = { .probe = "simplenet", .mode = GCD_GATHER_ON, .world = 2, .nparam = 2, .nloss = 1, .loss = loss, .ref_loss = 0.5 };
+    res.param[0] = (gcd_param_result){ .name = "fc1.weight", .ndim = 2, .shape = { 2, 2 }, .n = 4, .init = init[0], .local = local[0],
+                                       .has = has[0], .nhave = 2, .reduced = reduced, .reference = reference[0] };
+    res.param[1] = (gcd_param_result){ .name = "fc1.bias", .ndim = 1, .shape = { 2 }, .n = 2, .init = init[1], .local = local[1],
+                                       .has = has[1], .nhave = 0, .reduced = NULL, .reference = reference[1] };
+    gcd_verdict(&res);
+    CHECK(res.param[0].status == GCD_ST_NONFINITE && res.param[0].nonfinite == 3 && res.param[0].first_nonfinite == 0,
+          "status %s, %ld non-finite, first at %ld", gcd_status_str(res.param[0].status), res.param[0].nonfinite, res.param[0].first_nonfinite);
+    CHECK(res.param[1].status == GCD_ST_NONE, "fc1.bias: %s", gcd_status_str(res.param[1].status));
+    char *argv[] = { "gradcheck-dist", "run" }, *hosts[] = { "a", "b" };
+    gcd_env env = { .backend = "mpi", .world = 2, .hostnames = hosts, .start_time = "2026-01-01T00:00:00Z" };
+    cJSON *doc = gcd_report_new(2, argv, &env);
+    gcd_report_add_run(doc, &res, "test", 0);
+    gcd_report_finish(doc, 1, NULL, 0, 0.25);
+    return doc;
+}
+
+static void nonfinite_should_be_strings(void) {
+    cJSON *doc = nonfinite_report();
+    char err[512];
+    CHECK(gcd_report_write(doc, path_in("nan.json"), err, sizeof err) == 0, "write: %s", err);
+    char *text = slurp(path_in("nan.json"));
+    CHECK(text && strstr(text, "\"nan\"") && strstr(text, "\"inf\"") && strstr(text, "\"-inf\""), "the file must spell nan, inf, -inf:\n%s", text);
+    free(text);
+    cJSON *back = gcd_report_load(path_in("nan.json"), err, sizeof err);
+    CHECK(back != NULL, "load: %s", err);
+    const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(back, "runs"), 0), "params"), 0);
+    const cJSON *red = cJSON_GetObjectItem(p, "reduced");
+    CHECK(isnan(gcd_json_num(cJSON_GetArrayItem(red, 0))) && gcd_json_num(cJSON_GetArrayItem(red, 1)) == 1 &&
+              gcd_json_num(cJSON_GetArrayItem(red, 2)) == INFINITY && gcd_json_num(cJSON_GetArrayItem(red, 3)) == -INFINITY,
+          "reduced must read back as nan, 1, inf, -inf");
+    CHECK(!strcmp(cJSON_GetObjectItem(p, "status")->valuestring, "nonfinite"), "status");
+    const cJSON *none = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(back, "runs"), 0), "params"), 1);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(none, "reduced")), "a None gradient is null, and only that");
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(none, "local"), 0)), "a rank's None is null");
+    char *t1 = gcd_render_text(doc), *t2 = gcd_render_text(back);
+    CHECK(!strcmp(t1, t2), "text from the written and the read report differ");
+    CHECK(strstr(t1, "nonfinite") != NULL, "the table must show nonfinite");
+    free(t1), free(t2);
+    cJSON_Delete(back);
+    cJSON_Delete(doc);
+}
+
+// ----------------------------------------------------------------------------
+// whole or not at all
+
+static int write_in_child_killed_at_rename(const cJSON *doc, const char *path) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char err[256];
+        kill_in_rename = 1;
+        gcd_report_write(doc, path, err, sizeof err);
+        _exit(0);   // not reached: rename kills
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+}
+
+static void killed_writer_should_leave_no_half_report(void) {
+    cJSON *doc = nonfinite_report();
+    const char *path = path_in("killed.json");
+    CHECK(write_in_child_killed_at_rename(doc, path), "the child must die in rename");
+    CHECK(access(path, F_OK) != 0, "a report appeared under the final name although the writer died before rename");
+    spit(path, "old report\n", 11);   // an earlier report under that name stays whole
+    CHECK(write_in_child_killed_at_rename(doc, path), "the child must die in rename");
+    char *s = slurp(path);
+    CHECK(s && !strcmp(s, "old report\n"), "the earlier report was changed: %s", s);
+    free(s);
+    char err[256];   // and without the kill, the same call writes it
+    CHECK(gcd_report_write(doc, path, err, sizeof err) == 0, "%s", err);
+    cJSON *back = gcd_report_load(path, err, sizeof err);
+    CHECK(back != NULL, "%s", err);
+    cJSON_Delete(back);
+    CHECK(gcd_report_write(doc, "/nonexistent-dir/x.json", err, sizeof err) != 0 && strstr(err, "/nonexistent-dir/x.json"),
+          "an unwritable path must fail naming it: %s", err);
+    cJSON_Delete(doc);
+}
+
+// ----------------------------------------------------------------------------
+// what is not a report
+
+static void load_should_reject(const char *name, const char *content, size_t n, const char *why) {
+    char err[512] = "";
+    spit(path_in(name), content, n);
+    cJSON *doc = gcd_report_load(path_in(name), err, sizeof err);
+    CHECK(doc == NULL, "%s: loaded", name);
+    CHECK(strstr(err, why) && strstr(err, name), "%s: message '%s' must name the file and say '%s'", name, err, why);
+    cJSON_Delete(doc);
+}
+
+static void bad_reports_should_be_rejected(void) {
+    cJSON *doc = nonfinite_report();
+    char *text = cJSON_Print(doc);
+    load_should_reject("truncated.json", text, strlen(text) / 2, "truncated");
+    load_should_reject("foreign.json", "{\"hello\": 1}", 12, "not a gradcheck-dist report");
+    load_should_reject("array.json", "[1, 2, 3]", 9, "not a gradcheck-dist report");
+    load_should_reject("empty.json", "", 0, "not a gradcheck-dist report");
+    load_should_reject("binary.json", "\0\1\2", 3, "not a gradcheck-dist report");
+    cJSON_ReplaceItemInObject(doc, "schema", cJSON_CreateString("gradcheck-dist.report/2"));
+    char *newer = cJSON_Print(doc);
+    load_should_reject("newer.json", newer, strlen(newer), "newer");
+    cJSON_DeleteItemFromObject(doc, "schema");
+    cJSON_AddStringToObject(doc, "schema", GCD_REPORT_SCHEMA);
+    cJSON_DeleteItemFromObject(doc, "runs");
+    char *noruns = cJSON_Print(doc);
+    load_should_reject("noruns.json", noruns, strlen(noruns), "runs");
+    free(text), free(newer), free(noruns);
+    cJSON_Delete(doc);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+    nonfinite_should_be_strings();
+    killed_writer_should_leave_no_half_report();
+    bad_reports_should_be_rejected();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) perror("rm");
+    printf("test_report: %s, %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);
+    return check_failures != 0;
+}
