@@ -56,6 +56,8 @@ static gcd_tensor *loss(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cf
     return clip_loss(c, scale, gathered[0], gathered[1], NULL, NULL, 0);
 }
 
+static int loss_per_rank(const gcd_probe_cfg *cfg) { return cfg->local_loss; }
+
 const gcd_probe gcd_probe_contrastive = {
     .name = "contrastive",
     .about = "CLIP-like: I, T gathered with the mode, logits = exp(logit_scale) I T^T, symmetric cross-entropy",
@@ -67,4 +69,5 @@ const gcd_probe gcd_probe_contrastive = {
     .inputs = inputs,
     .encode = encode,
     .loss = loss,
+    .loss_per_rank = loss_per_rank,
 };

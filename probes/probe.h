@@ -38,6 +38,9 @@ typedef struct gcd_probe {
     void (*encode)(gcd_ctx *c, const gcd_params *p, gcd_tensor **in, gcd_tensor **feat);
     gcd_tensor *(*loss)(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cfg, int rank, int world,
                         gcd_tensor **gathered, gcd_tensor **own);
+    // 1 when loss_r differs between ranks (it uses own or rank); NULL: every rank's loss is the same
+    // function of the gathered features, and the reference computes it once
+    int (*loss_per_rank)(const gcd_probe_cfg *cfg);
 } gcd_probe;
 
 extern const gcd_probe gcd_probe_simplenet, gcd_probe_contrastive;

@@ -182,7 +182,7 @@ static int nccl_precheck(const options *o, int world) {
     if (!gcd_nccl_built())
         return bad("--backend", "%s", "this build has no NCCL backend (configure found no CUDA Toolkit with NCCL); use --backend mpi");
     int n = gcd_cuda_device_count(why, sizeof why);
-    if (n < 0) return bad("--backend", "nccl needs a CUDA device: %s; use --backend mpi", why);
+    if (n < 0) return bad("--backend", "nccl: %s; use --backend mpi", why);
     if (!o->hostfile && world > n) {
         char msg[160];
         snprintf(msg, sizeof msg, "nccl needs one GPU per rank: --world %d on a machine with %d; use --world %d or --backend mpi", world, n, n);
@@ -389,6 +389,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         free(env.devices ? env.devices[0] : NULL), free(env.devices);
     }
     gcd_mpi_bcast_int(&code, 0);
+    if (comm->impl) gcd_comm_nccl_free(comm);
     gcd_mpi_finalize();
     for (int i = 0; i < argc; i++) free(args[i]);
     free(args);

@@ -27,6 +27,9 @@ void gcd_mpi_bcast_int(int *v, int root);
 // rank 0 receives every rank's string (len bytes each) into all (world*len); others may pass NULL
 void gcd_mpi_gather_str(const char *mine, char *all, int len);
 void gcd_mpi_library_version(char *buf, int len);
+void gcd_mpi_bcast_bytes(void *buf, int len, int root);
+void gcd_mpi_local(int *local_rank, int *local_size);   // ranks sharing this node
+int gcd_mpi_any(int flag);                              // 1 when flag is set on any rank
 
 // ----------------------------------------------------------------------------
 // NCCL (comm_nccl.c, built when CUDA and NCCL are found)
@@ -35,5 +38,6 @@ void gcd_mpi_library_version(char *buf, int len);
 gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len);
 // Versions and this rank's device, for the report; "" where not built
 void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len);
+void gcd_comm_nccl_free(gcd_comm *c);
 int gcd_nccl_built(void);
 int gcd_cuda_device_count(char *why, size_t len);   // -1 and why when no device can be used

@@ -95,3 +95,19 @@ void gcd_mpi_library_version(char *buf, int len) {
     v[strcspn(v, "\n")] = 0;   // first line: "Open MPI v4.1.4, package: ..."
     snprintf(buf, (size_t)len, "%s", v);
 }
+
+void gcd_mpi_bcast_bytes(void *buf, int len, int root) { mpiCheck(MPI_Bcast(buf, len, MPI_BYTE, root, world_comm)); }
+
+void gcd_mpi_local(int *local_rank, int *local_size) {
+    MPI_Comm node;
+    mpiCheck(MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    mpiCheck(MPI_Comm_rank(node, local_rank));
+    mpiCheck(MPI_Comm_size(node, local_size));
+    MPI_Comm_free(&node);
+}
+
+int gcd_mpi_any(int flag) {
+    int any = 0;
+    mpiCheck(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, world_comm));
+    return any;
+}

@@ -24,10 +24,10 @@ void linear_backward(double *dx, double *dw, double *db, const double *dout, con
         for (int o = 0; o < OC; o++) {
             double d = dout[n * OC + o];
             if (db) db[o] += d;
-            for (int i = 0; i < C; i++) {
-                if (dx) dx[n * C + i] += d * w[o * C + i];
-                if (dw) dw[o * C + i] += d * x[n * C + i];
-            }
+            if (dx)
+                for (int i = 0; i < C; i++) dx[n * C + i] += d * w[o * C + i];
+            if (dw)
+                for (int i = 0; i < C; i++) dw[o * C + i] += d * x[n * C + i];
         }
 }
 
@@ -80,10 +80,10 @@ void matmul_nt_backward(double *da, double *db, const double *dout, const double
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             double d = dout[m * N + n];
-            for (int k = 0; k < K; k++) {
-                if (da) da[m * K + k] += d * b[n * K + k];
-                if (db) db[n * K + k] += d * a[m * K + k];
-            }
+            if (da)
+                for (int k = 0; k < K; k++) da[m * K + k] += d * b[n * K + k];
+            if (db)
+                for (int k = 0; k < K; k++) db[n * K + k] += d * a[m * K + k];
         }
 }
 

@@ -36,8 +36,9 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
         for (int k = 0; k < world; k++) col[k] = feat[k * GCD_MAX_FEATS + f];
         all[f] = gcd_concat(&c, world, col);
     }
-    for (int k = 0; k < world; k++) losses[k] = pr->loss(&c, P, &o->cfg, k, world, all, feat + k * GCD_MAX_FEATS);
-    gcd_tensor *obj = gcd_mean(&c, gcd_concat(&c, world, losses));
+    int n = pr->loss_per_rank && pr->loss_per_rank(&o->cfg) ? world : 1;   // identical losses: their mean is one of them
+    for (int k = 0; k < n; k++) losses[k] = pr->loss(&c, P, &o->cfg, k, world, all, feat + k * GCD_MAX_FEATS);
+    gcd_tensor *obj = gcd_mean(&c, gcd_concat(&c, n, losses));
     gcd_backward(&c, obj);
     res->ref_loss = obj->data[0];
     for (int i = 0; i < P->n; i++) {
