@@ -180,5 +180,12 @@ char *gcd_render_text(const cJSON *doc) {
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
     if (cJSON_IsObject(err)) gcd_sb_printf(&b, "error on rank %d: %s\n", (int)gcd_jnum(err, "rank"), gcd_jstr(err, "message"));
     gcd_sb_printf(&b, "result: %s (exit %d)\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
+    size_t k = 0;   // no trailing blanks: the last column is padded
+    for (size_t i = 0; i < b.len; i++) {
+        if (b.s[i] == '\n')
+            while (k > 0 && b.s[k - 1] == ' ') k--;
+        b.s[k++] = b.s[i];
+    }
+    b.s[k] = 0;
     return b.s;
 }
