@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The command line end to end: usage errors (exit 2, the flag named, before any rank starts), the exit
 # status of run, the reports it leaves and their renderings. A few launches, many checks each.
-# usage: test_cli.sh GRADCHECK_DIST SOURCE_DIR PYTHON
+# usage: test_cli.sh GRADCHECK_DIST SOURCE_DIR PYTHON FAULT_LIB
 set -u
-G=$1 SRC=$2 PY=${3:-/usr/bin/python3}
+G=$1 SRC=$2 PY=${3:-/usr/bin/python3} FAULT=${4:-}
 fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 work=$(mktemp -d)
@@ -122,6 +122,27 @@ root=()
 [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
 out=$(mpirun -q "${root[@]}" --oversubscribe -np 2 "$G" run --world 3 --no-json 2>&1) && rc=0 || rc=$?
 [ $rc = 2 ] && grep -q -- "--world" <<<"$out" || fail "--world 3 inside a 2-rank job: exit $rc: $out"
+
+# ---- a runtime failure (an MPI call made to fail through PMPI): exit 3, the rank and call named, and
+# rank 0, alive, leaves a whole report saying "error"
+if [ -n "$FAULT" ]; then
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json >err.out 2>err.txt
+    rc=$?
+    [ $rc = 3 ] || fail "an MPI failure on rank 0 exited $rc, expected 3"
+    grep -q "rank 0: MPI_Allgather" err.txt || fail "the failure must name rank 0 and MPI_Allgather: $(cat err.txt)"
+    "$PY" - err.json "$SRC/reports/schema.json" <<'PY' || fail "err.json is not a whole error report"
+import json, sys, jsonschema
+d = json.load(open(sys.argv[1]))
+jsonschema.validate(d, json.load(open(sys.argv[2])))
+assert d["result"] == "error" and d["exit_code"] == 3 and d["error"]["rank"] == 0, (d["result"], d["error"])
+assert "MPI_Allgather" in d["error"]["message"], d["error"]
+PY
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=1 "$G" run --world 2 --json err1.json >/dev/null 2>err1.txt
+    rc=$?
+    [ $rc = 3 ] || fail "an MPI failure on rank 1 exited $rc, expected 3"
+    grep -q "rank 1: MPI_Allgather" err1.txt || fail "the failure must name rank 1: $(cat err1.txt)"
+    ls err1.json.tmp.* >/dev/null 2>&1 && fail "a temporary report was left behind"
+fi
 
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
