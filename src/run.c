@@ -30,7 +30,10 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
     for (int k = 0; k < world; k++) {
         pr->inputs(&c, &o->cfg, k, in + k * GCD_MAX_INPUTS);
         pr->encode(&c, P, in + k * GCD_MAX_INPUTS, feat + k * GCD_MAX_FEATS);
-        for (int j = 0; j < pr->ninput; j++) memcpy(res->inputs[j] + (size_t)k * res->input_n[j], in[k * GCD_MAX_INPUTS + j]->data, res->input_n[j] * sizeof(double));
+        for (int j = 0; j < pr->ninput; j++) {   // the report's replay setup: rank k's inputs
+            size_t n = res->input_n[j];
+            memcpy(res->inputs[j] + (size_t)k * n, in[k * GCD_MAX_INPUTS + j]->data, n * sizeof(double));
+        }
     }
     for (int f = 0; f < pr->nfeat; f++) {
         for (int k = 0; k < world; k++) col[k] = feat[k * GCD_MAX_FEATS + f];
