@@ -10,9 +10,12 @@
 
 static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
 
-// "|" would end a Markdown table cell
+// "|" would end a Markdown table cell; runs of blanks (the text table's padding) become one
 static void cell(gcd_sb *b, const char *s) {
-    for (; *s; s++) gcd_sb_printf(b, *s == '|' ? "\\|" : "%c", *s);
+    for (const char *p = s; *p; p++) {
+        if (*p == ' ' && (p[1] == ' ' || p[1] == 0)) continue;
+        gcd_sb_printf(b, *p == '|' ? "\\|" : "%c", *p);
+    }
 }
 
 // the first thing a reader should know: the first unmet expectation, or that all is well
@@ -61,7 +64,7 @@ char *gcd_render_md(const cJSON *doc) {
     gcd_sb_printf(&b, "%s |\n", i ? "" : " -");
     gcd_sb_printf(&b, "| MPI | %s |\n| NCCL | %s |\n| CUDA | %s |\n", or_dash(gcd_jstr(env, "mpi_version")), or_dash(gcd_jstr(env, "nccl_version")),
                   or_dash(gcd_jstr(env, "cuda_version")));
-    gcd_sb_printf(&b, "| precision, tolerance | %s, %g |\n| started | %s |\n| wall | %.2f s |\n\n", gcd_jstr(env, "precision"),
+    gcd_sb_printf(&b, "| precision, tolerance | %s, %g |\n| started | %s |\n| wall (ranks, after launch) | %.3g s |\n\n", gcd_jstr(env, "precision"),
                   gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"), gcd_jnum(env, "wall_seconds"));
 
     gcd_sb_printf(&b, "## Findings\n\n");
