@@ -87,12 +87,7 @@ char *gcd_render_md(const cJSON *doc) {
     int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS);
     for (int g = 0; g < ng; g++) {
         const cJSON *cols[MAX_RUNS] = { 0 };
-        int ncol = 0;
-        i = 0;
-        cJSON_ArrayForEach(run, runs) {
-            if (i < MAX_RUNS && group[i] == g) cols[ncol++] = run;
-            i++;
-        }
+        int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
         char t[160], c[64], shp[32];
         gcd_sb_printf(&b, "### %s\n\n| parameter | shape |", gcd_run_title(cols[0], t, sizeof t));
         for (int k = 0; k < ncol; k++) gcd_sb_printf(&b, " %s (%s) |", gcd_jstr(cols[k], "mode"), gcd_jstr(cols[k], "role"));

@@ -14,6 +14,8 @@ char *gcd_jshape(const cJSON *o, char *buf, size_t len);  // "(4,8)" from o's "s
 // runs with the same probe, local_loss and inputs form one table; returns how many groups and fills
 // group[i] with each run's group index (at most 64 runs)
 int gcd_run_groups(const cJSON *runs, int *group, int max);
+// the runs of group g, in order, into cols (at most max); returns how many
+int gcd_group_runs(const cJSON *runs, const int *group, int g, const cJSON **cols, int max);
 char *gcd_run_title(const cJSON *run, char *buf, size_t len);    // "contrastive (local_loss, inputs random)"
 char *gcd_cell(const cJSON *param, char *buf, size_t len);       // "scaled    5.829e-02 x0.25"
 int gcd_run_counts(const cJSON *run);                            // findings that count

@@ -50,6 +50,16 @@ int gcd_run_groups(const cJSON *runs, int *group, int max) {
     return ng;
 }
 
+int gcd_group_runs(const cJSON *runs, const int *group, int g, const cJSON **cols, int max) {
+    const cJSON *run;
+    int n = 0, i = 0;
+    cJSON_ArrayForEach(run, runs) {
+        if (i < max && group[i] == g) cols[n++] = run;
+        i++;
+    }
+    return n;
+}
+
 char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     const char *st = gcd_jstr(p, "status");
     double norm = gcd_jnum(p, "norm");
@@ -100,12 +110,8 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
 }
 
 static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
-    const cJSON *run, *cols[MAX_RUNS] = { 0 };
-    int ncol = 0, i = 0;
-    cJSON_ArrayForEach(run, runs) {
-        if (i < MAX_RUNS && group[i] == g) cols[ncol++] = run;
-        i++;
-    }
+    const cJSON *cols[MAX_RUNS] = { 0 };
+    int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
     char t[160], cell[64], shp[32];
     gcd_sb_printf(b, "%s\n", gcd_run_title(cols[0], t, sizeof t));
     gcd_sb_printf(b, "  %-12s %-7s", "parameter", "shape");
