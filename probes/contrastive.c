@@ -60,7 +60,6 @@ static int loss_per_rank(const gcd_probe_cfg *cfg) { return cfg->local_loss; }
 
 const gcd_probe gcd_probe_contrastive = {
     .name = "contrastive",
-    .about = "CLIP-like: I, T gathered with the mode, logits = exp(logit_scale) I T^T, symmetric cross-entropy",
     .nfeat = 2,
     .feat_follows_mode = { 1, 1 },
     .ninput = 2,

@@ -28,7 +28,7 @@ typedef struct {
 } gcd_params;
 
 typedef struct gcd_probe {
-    const char *name, *about;
+    const char *name;
     int nfeat;                               // tensors each rank gathers
     int feat_follows_mode[GCD_MAX_FEATS];    // 1: gathered with the run's mode; 0: always with grad (on)
     int ninput;

@@ -45,7 +45,6 @@ static gcd_tensor *loss(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cf
 
 const gcd_probe gcd_probe_simplenet = {
     .name = "simplenet",
-    .about = "x = relu(fc1(input1)) gathered with the mode, y = relu(fc2(input2)) with grad, loss = MSE(x_*y_, 0)",
     .nfeat = 2,
     .feat_follows_mode = { 1, 0 },
     .ninput = 2,

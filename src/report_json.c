@@ -258,16 +258,7 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len) {
     gcd_sb b = { 0 };
     char chunk[65536];
     size_t k;
-    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (b.len + k + 1 > b.cap) {
-            b.cap = 2 * (b.len + k + 1);
-            b.s = realloc(b.s, b.cap);
-            mallocCheck(b.s);
-        }
-        memcpy(b.s + b.len, chunk, k);
-        b.len += k;
-        b.s[b.len] = 0;
-    }
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) gcd_sb_append(&b, chunk, k);
     int bad = ferror(f);
     fclose(f);
     if (bad) return gcd_sb_free(&b), snprintf(err, len, "%s: read error", path), NULL;

@@ -18,4 +18,3 @@ int gcd_run_groups(const cJSON *runs, int *group, int max);
 int gcd_group_runs(const cJSON *runs, const int *group, int g, const cJSON **cols, int max);
 char *gcd_run_title(const cJSON *run, char *buf, size_t len);    // "contrastive (local_loss, inputs random)"
 char *gcd_cell(const cJSON *param, char *buf, size_t len);       // "scaled    5.829e-02 x0.25"
-int gcd_run_counts(const cJSON *run);                            // findings that count

@@ -73,13 +73,6 @@ char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     return buf;
 }
 
-int gcd_run_counts(const cJSON *run) {
-    int n = 0;
-    const cJSON *f;
-    cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) n += gcd_jbool(f, "counts");
-    return n;
-}
-
 // ----------------------------------------------------------------------------
 // the text report
 

@@ -131,6 +131,19 @@ void gcd_sb_printf(gcd_sb *b, const char *fmt, ...) {
     }
 }
 
+void gcd_sb_append(gcd_sb *b, const void *bytes, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = 2 * (b->len + n + 1);
+        char *s = realloc(b->s, cap);
+        if (!s) GCD_FATAL("out of memory: %zu bytes", cap);
+        b->s = s;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, bytes, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
 void gcd_sb_free(gcd_sb *b) {
     free(b->s);
     b->s = NULL;

@@ -48,4 +48,5 @@ typedef struct {
 } gcd_sb;
 
 void gcd_sb_printf(gcd_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void gcd_sb_append(gcd_sb *b, const void *bytes, size_t n);   // raw bytes, NUL-terminated after
 void gcd_sb_free(gcd_sb *b);

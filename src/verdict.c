@@ -9,12 +9,6 @@ static const char *status_names[GCD_ST_COUNT] = { "none", "partial", "zero", "no
 
 const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT ? status_names[s] : "?"; }
 
-int gcd_status_parse(const char *s) {
-    for (int i = 0; i < GCD_ST_COUNT; i++)
-        if (!strcmp(s, status_names[i])) return i;
-    return -1;
-}
-
 // ----------------------------------------------------------------------------
 // one parameter
 
@@ -98,16 +92,19 @@ static int list(const gcd_run_result *res, int (*pick)(const gcd_param_result *,
 static int by_status(const gcd_param_result *p, const void *arg) { return p->status == *(const gcd_status *)arg; }
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
+static int is_param(const gcd_param_result *p, const void *arg) { return p == arg; }
 static int same_scale(const gcd_param_result *p, const void *arg) {
     return p->status == GCD_ST_SCALED && fabs(p->scale - *(const double *)arg) <= 1e-6 * fabs(p->scale);
 }
 
-static void set_params(gcd_finding *f, const char *names) {
+// f->params: the same parameters as list(), comma-separated ("a,b,c")
+static void set_params(gcd_finding *f, const gcd_run_result *res, int (*pick)(const gcd_param_result *, const void *), const void *arg) {
     if (!f) return;
-    snprintf(f->params, sizeof f->params, "%s", names);   // "a, b and c" -> "a,b,c"
-    char *s;
-    while ((s = strstr(f->params, " and "))) memmove(s + 1, s + 5, strlen(s + 5) + 1), *s = ',';
-    while ((s = strstr(f->params, ", "))) memmove(s + 1, s + 2, strlen(s + 2) + 1);
+    for (int i = 0; i < res->nparam; i++) {
+        if (!pick(&res->param[i], arg)) continue;
+        size_t k = strlen(f->params);
+        snprintf(f->params + k, sizeof f->params - k, "%s%s", k ? "," : "", res->param[i].name);
+    }
 }
 
 static const char *plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
@@ -133,7 +130,7 @@ void gcd_verdict(gcd_run_result *res) {
     st = GCD_ST_NONE;
     if ((n = list(res, by_status, &st, names, sizeof names))) {
         gcd_finding *f = add(res, "none", 1);
-        set_params(f, names);
+        set_params(f, res, by_status, &st);
         int have = list(res, with_grad, NULL, others, sizeof others);
         if (have == 0) say(f, "no parameter receives a gradient on any rank (None): nothing is learned");
         else if (have < res->nparam / 2 + 1 && have < n)
@@ -148,7 +145,7 @@ void gcd_verdict(gcd_run_result *res) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != st) continue;
         gcd_finding *f = add(res, "partial", 1);
-        set_params(f, p->name);
+        set_params(f, res, is_param, p);
         say(f, "%s has a gradient on %d of %d ranks; None on rank", p->name, p->nhave, res->world);
         for (int k = 0, c = 0; k < res->world; k++)
             if (!p->has[k]) say(f, "%s %d", c++ ? "," : "", k);
@@ -156,7 +153,7 @@ void gcd_verdict(gcd_run_result *res) {
     st = GCD_ST_ZERO;
     if ((n = list(res, by_status, &st, names, sizeof names))) {
         gcd_finding *f = add(res, "zero", 1);
-        set_params(f, names);
+        set_params(f, res, by_status, &st);
         say(f, "%s %s a gradient of exactly zero where the reference's is not", names, plural(n, "gets", "get"));
     }
     st = GCD_ST_NONFINITE;
@@ -164,7 +161,7 @@ void gcd_verdict(gcd_run_result *res) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != st) continue;
         gcd_finding *f = add(res, "nonfinite", 1);
-        set_params(f, p->name);
+        set_params(f, res, is_param, p);
         say(f, "%s: %ld of %zu gradient values are NaN or infinite (first at index %ld)", p->name, p->nonfinite, p->n,
             p->first_nonfinite);
     }
@@ -175,7 +172,7 @@ void gcd_verdict(gcd_run_result *res) {
         if (p->status != GCD_ST_SCALED || seen) continue;
         n = list(res, same_scale, &p->scale, names, sizeof names);
         gcd_finding *f = add(res, "scaled", 1);
-        set_params(f, names);
+        set_params(f, res, same_scale, &p->scale);
         say(f, "%s %s %.6gx the reference", names, plural(n, "gradient is", "gradients are"), p->scale);
         if (fabs(p->scale * res->world - 1) <= 1e-6) say(f, " (= 1/world)");
         st = GCD_ST_OK;
@@ -185,7 +182,7 @@ void gcd_verdict(gcd_run_result *res) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != GCD_ST_MISMATCH) continue;
         gcd_finding *f = add(res, "mismatch", 1);
-        set_params(f, p->name);
+        set_params(f, res, is_param, p);
         say(f, "%s: wrong gradient, neither the reference nor a multiple of it: relative error %.3g, cosine %.3g",
             p->name, p->rel_err, p->cosine);
     }
@@ -195,7 +192,7 @@ void gcd_verdict(gcd_run_result *res) {
         for (int k = 0; k < res->world; k++) l0 += first[k] / res->world, l1 += last[k] / res->world;
         if (l1 != l0) {
             gcd_finding *f = add(res, "learning_stopped", 1);
-            set_params(f, names);
+            set_params(f, res, stuck, NULL);
             say(f, "learning stopped: the loss went %.6g -> %.6g over %d steps while %s never moved (bit-identical to the start)",
                 l0, l1, res->steps, names);
         }
@@ -206,7 +203,7 @@ void gcd_verdict(gcd_run_result *res) {
         for (int i = 0; i < res->nparam; i++)
             if (res->param[i].status == GCD_ST_OK && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
         gcd_finding *f = add(res, "note", 0);
-        set_params(f, names);
+        set_params(f, res, by_status, &st);
         if (n == res->nparam) say(f, "every parameter matches the single-process reference (max relative error %.2g)", worst);
         else say(f, "%s %s the reference (max relative error %.2g)", names, plural(n, "matches", "match"), worst);
     }

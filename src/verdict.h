@@ -9,7 +9,6 @@
 #define GCD_TOL 1e-9   // float64 end to end: a different summation order costs ~1e-15 relative
 
 const char *gcd_status_str(gcd_status s);
-int gcd_status_parse(const char *s);   // -1 when unknown
 
 // Classifies one gradient: g (n) or NULL (None on every rank), nhave of world ranks had one.
 void gcd_classify(gcd_param_result *p, int world, double tol);
