@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "comm.h"
 #include "report.h"
 #include "run.h"
@@ -29,6 +30,7 @@ static const char usage[] =
     "\n"
     "usage:\n"
     "  gradcheck-dist run [options]        run the probes across ranks and compare every gradient\n"
+    "  gradcheck-dist check DUMP...|DIR [options]   diagnose your own training's gradients (safetensors dumps)\n"
     "  gradcheck-dist report FILE [--format text|md|junit]   render a saved JSON report\n"
     "  gradcheck-dist --help | --version\n"
     "\n"
@@ -49,6 +51,14 @@ static const char usage[] =
     "  --no-json            write no report\n"
     "  --summary-only       leave tensor values out of the report, keep the statuses\n"
     "\n"
+    "check options:\n"
+    "  DUMP...|DIR          one safetensors dump per rank (gradcheck_dist.dump_grads), or a directory of them\n"
+    "  --ref FILE           the single-process reference: same starting weights, the whole batch, world 1\n"
+    "  --ignore GLOB        leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')\n"
+    "  --tol X              relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)\n"
+    "  --json PATH|- --no-json   as for run\n"
+    "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n"
+    "\n"
     "gather modes:\n"
     "  off    Lightning all_gather(sync_grads=False): gathered under no_grad\n"
     "  on     Lightning sync_grads=True / torch.distributed.nn.functional.all_gather\n"
@@ -56,11 +66,12 @@ static const char usage[] =
     "  avg    Horovod allgather: backward averages over ranks\n"
     "\n"
     "statuses: none (no rank got a gradient), partial (some ranks did not), zero, nonfinite, ok,\n"
-    "scaled (a multiple of the reference), mismatch (wrong direction)\n"
+    "scaled (a multiple of the reference), mismatch (wrong direction), disagree (ranks differ after\n"
+    "DDP's all-reduce; check), present (check without --ref: finite, non-zero, the same on every rank)\n"
     "\n"
     "exit status:\n"
     "  0  no unexpected finding     1  gradient findings (or a control that showed none)\n"
-    "  2  usage error               3  runtime failure (MPI, NCCL, I/O)\n";
+    "  2  bad input (flag, dump, report file)   3  runtime failure (MPI, NCCL, I/O)\n";
 
 // ----------------------------------------------------------------------------
 // options
@@ -397,6 +408,111 @@ static int run_rank(const options *o, int argc, char **argv) {
 }
 
 // ----------------------------------------------------------------------------
+// check DUMP... [--ref REF]: the user's own gradients
+
+// the report's directory must exist and take files, and the path must not be a directory
+static int report_path_ok(const char *path) {
+    if (!path || !strcmp(path, "-")) return 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad("--json", "'%s' is a directory", path);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (access(dir, W_OK | X_OK)) {
+        char msg[PATH_MAX + 64];
+        snprintf(msg, sizeof msg, "cannot write into '%s': %s", dir, strerror(errno));
+        return bad("--json", "%s", msg);
+    }
+    return 0;
+}
+
+static int check_main(int argc, char **argv) {
+    const char **dumps = gcd_malloc((size_t)argc * sizeof *dumps), **ignore = gcd_malloc((size_t)argc * sizeof *ignore);
+    gcd_check_opts o = { .dumps = dumps, .ignore = ignore };
+    const char *json = NULL;
+    int no_json = 0, rc = 0;
+    for (int i = 2; i < argc && !rc; i++) {
+        char flag[64];
+        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
+        if (a[0] != '-' || !a[1]) { dumps[o.ndumps++] = a; continue; }
+        snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        int takes = !strcmp(flag, "--ref") || !strcmp(flag, "--ignore") || !strcmp(flag, "--tol") || !strcmp(flag, "--json");
+        if (takes) {
+            if (eq) v = eq + 1;
+            else if (i + 1 < argc) v = argv[++i];
+            else { rc = bad(flag, "%s", "missing value"); break; }
+            if (!*v) { rc = bad(flag, "%s", "empty value"); break; }
+        } else if (eq) { rc = bad(flag, "%s", "takes no value"); break; }
+        if (!strcmp(flag, "--ref")) o.ref = v;
+        else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
+        else if (!strcmp(flag, "--json")) json = v;
+        else if (!strcmp(flag, "--no-json")) no_json = 1;
+        else if (!strcmp(flag, "--snippet")) { fputs(gcd_check_snippet, stdout); free(dumps), free(ignore); return fflush(stdout) ? 3 : 0; }
+        else if (!strcmp(flag, "--tol")) {
+            char *end;
+            o.tol = strtod(v, &end);
+            if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(flag, "expected a number between 0 and 1, got '%s'", v);
+        } else rc = bad(flag, "%s", "unknown option");
+    }
+    if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
+    if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
+    if (!rc) rc = report_path_ok(json);
+    if (rc) { free(dumps), free(ignore); return rc; }
+
+    double t0 = now();
+    char err[2048];
+    gcd_check_set set;
+    gcd_run_result res = { 0 };
+    rc = gcd_check_load(&o, &set, err, sizeof err);
+    if (!rc) rc = gcd_check_scan(&o, &set, &res, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "gradcheck-dist: check: %s\n", err);
+        gcd_run_result_free(&res);
+        gcd_check_free(&set);
+        free(dumps), free(ignore);
+        return rc;
+    }
+    gcd_env env = { .backend = "dumps", .world = set.world };
+    time_t t = time(NULL);
+    strftime(env.start_time, sizeof env.start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    cJSON *doc = gcd_report_new(argc, argv, &env);
+    gcd_report_add_check(doc, &set, &res);
+    int code = gcd_run_has_finding(&res);
+    const char *first = "";
+    for (int i = 0; i < res.nfinding; i++)
+        if (res.finding[i].counts) { first = res.finding[i].message; break; }
+    gcd_sb msg = { 0 };
+    gcd_sb_printf(&msg, "check stage %s (under test): %s", set.stage, code ? first : "no finding");
+    gcd_report_add_expectation(doc, "check", set.stage, "test", !code, msg.s);
+    gcd_sb_free(&msg);
+
+    char path[PATH_MAX] = "";
+    if (json) snprintf(path, sizeof path, "%s", json);
+    else if (!no_json) default_report_path(path, sizeof path);
+    gcd_report_finish(doc, code, NULL, 0, now() - t0);
+    if (path[0] && gcd_report_write(doc, path, err, sizeof err)) {
+        fprintf(stderr, "gradcheck-dist: %s\n", err);
+        code = 3;
+        gcd_report_finish(doc, code, err, 0, now() - t0);
+        path[0] = 0;
+    }
+    FILE *out = json && !strcmp(json, "-") ? stderr : stdout;
+    char *text = gcd_render_text(doc);
+    fputs(text, out);
+    free(text);
+    if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
+    if (fflush(out) || ferror(out)) code = 3;
+    cJSON_Delete(doc);
+    gcd_run_result_free(&res);
+    gcd_check_free(&set);
+    free(dumps), free(ignore);
+    return code;
+}
+
+// ----------------------------------------------------------------------------
 // report FILE
 
 static int report_main(int argc, char **argv) {
@@ -430,7 +546,8 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
     if (!strcmp(cmd, "report")) return report_main(argc, argv);
-    if (strcmp(cmd, "run")) return bad(cmd, "%s", "unknown command: expected run or report");
+    if (!strcmp(cmd, "check")) return check_main(argc, argv);
+    if (strcmp(cmd, "run")) return bad(cmd, "%s", "unknown command: expected run, check or report");
     options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cjson/cJSON.h>
 
+#include "check.h"
 #include "run.h"
 
 #define GCD_REPORT_SCHEMA "gradcheck-dist.report/1"
@@ -27,6 +28,8 @@ typedef struct {
 cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
 // role: "test" (the configuration under test) or "control"
 void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only);
+// check: the dumps, their sha256, and each parameter's figures; sets the report's tolerance
+void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.

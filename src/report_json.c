@@ -146,6 +146,32 @@ static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int su
     return o;
 }
 
+// "a,b,c" as ["a", "b", "c"]
+static cJSON *param_names(const char *list) {
+    cJSON *names = chk(cJSON_CreateArray());
+    for (const char *s = list; *s;) {
+        size_t k = strcspn(s, ",");
+        char *name = gcd_malloc(k + 1);
+        memcpy(name, s, k);
+        push(names, cJSON_CreateString(name));
+        free(name);
+        s += k + (s[k] == ',');
+    }
+    return names;
+}
+
+static void add_findings(cJSON *run, const gcd_run_result *res) {
+    cJSON *fs = put(run, "findings", cJSON_CreateArray());
+    for (int i = 0; i < res->nfinding; i++) {
+        const gcd_finding *f = &res->finding[i];
+        cJSON *o = push(fs, cJSON_CreateObject());
+        put(o, "kind", cJSON_CreateString(f->kind));
+        put(o, "counts", cJSON_CreateBool(f->counts));
+        put(o, "params", param_names(f->params));
+        put(o, "message", cJSON_CreateString(f->message));
+    }
+}
+
 void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only) {
     cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
     put(r, "probe", cJSON_CreateString(res->probe));
@@ -171,22 +197,7 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
     put(loss, "reference", num(res->ref_loss));
     cJSON *ps = put(r, "params", cJSON_CreateArray());
     for (int i = 0; i < res->nparam; i++) push(ps, param(res, &res->param[i], summary_only));
-    cJSON *fs = put(r, "findings", cJSON_CreateArray());
-    for (int i = 0; i < res->nfinding; i++) {
-        const gcd_finding *f = &res->finding[i];
-        cJSON *o = push(fs, cJSON_CreateObject());
-        put(o, "kind", cJSON_CreateString(f->kind));
-        put(o, "counts", cJSON_CreateBool(f->counts));
-        cJSON *names = put(o, "params", cJSON_CreateArray());
-        for (const char *s = f->params; *s;) {
-            size_t k = strcspn(s, ",");
-            char name[128];
-            snprintf(name, sizeof name, "%.*s", (int)k, s);
-            push(names, cJSON_CreateString(name));
-            s += k + (s[k] == ',');
-        }
-        put(o, "message", cJSON_CreateString(f->message));
-    }
+    add_findings(r, res);
 }
 
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message) {
@@ -246,6 +257,11 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
 // ----------------------------------------------------------------------------
 // reading: a gradcheck-dist report of a schema this build knows, with the keys the renderings read
 
+static const char *gcd_jstr_or(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
 static int need(const cJSON *o, const char *key, cJSON_bool (*is)(const cJSON *), const char *where, char *err, size_t len) {
     if (is(cJSON_GetObjectItemCaseSensitive(o, key))) return 1;
     snprintf(err, len, "not a gradcheck-dist report: %s%s is missing or of the wrong type", where, key);
@@ -287,9 +303,10 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len) {
         cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(doc, "runs")) {
             char where[32];
             snprintf(where, sizeof where, "runs[%d].", i++);
+            int check = !strcmp(gcd_jstr_or(run, "probe"), "check");
             if (!(need(run, "probe", cJSON_IsString, where, why, sizeof why) && need(run, "mode", cJSON_IsString, where, why, sizeof why) &&
                   need(run, "params", cJSON_IsArray, where, why, sizeof why) && need(run, "findings", cJSON_IsArray, where, why, sizeof why) &&
-                  need(run, "loss", cJSON_IsObject, where, why, sizeof why)))
+                  (check ? need(run, "dumps", cJSON_IsArray, where, why, sizeof why) : need(run, "loss", cJSON_IsObject, where, why, sizeof why))))
                 break;
             const cJSON *p;
             cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(run, "params")) {
@@ -306,4 +323,74 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len) {
         return NULL;
     }
     return doc;
+}
+
+// ----------------------------------------------------------------------------
+// check: the dumps and per-parameter figures (no tensor values: the dumps hold them)
+
+static cJSON *dump_entry(const gcd_st_file *f, int rank, const char *sha256) {
+    cJSON *o = chk(cJSON_CreateObject());
+    put(o, "path", cJSON_CreateString(f->path));
+    put(o, "rank", cJSON_CreateNumber(rank));
+    put(o, "bytes", cJSON_CreateNumber((double)f->size));
+    put(o, "sha256", cJSON_CreateString(sha256));
+    cJSON *m = put(o, "metadata", cJSON_CreateObject());
+    for (int i = 0; i < f->nmeta; i++) put(m, f->meta_key[i], cJSON_CreateString(f->meta_val[i]));
+    return o;
+}
+
+static cJSON *per_rank(const gcd_param_result *p, int world) {
+    cJSON *a = chk(cJSON_CreateArray());
+    for (int k = 0; k < world; k++) {
+        cJSON *o = push(a, cJSON_CreateObject());
+        put(o, "rank", cJSON_CreateNumber(k));
+        put(o, "present", cJSON_CreateBool(p->has[k]));
+        put(o, "norm", p->has[k] ? num(p->rank_norm[k]) : cJSON_CreateNull());
+        put(o, "nonfinite", cJSON_CreateNumber((double)p->rank_nonfinite[k]));
+        put(o, "first_nonfinite", p->rank_first_nonfinite[k] >= 0 ? cJSON_CreateNumber((double)p->rank_first_nonfinite[k]) : cJSON_CreateNull());
+        put(o, "differs", cJSON_CreateBool(p->differs[k]));
+    }
+    return a;
+}
+
+void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res) {
+    cJSON_ReplaceItemInObject(doc, "tolerance", chk(num(set->tol)));
+    cJSON *env = cJSON_GetObjectItem(doc, "environment");
+    static const char *const versions[][2] = { { "python_version", "gradcheck.python" }, { "torch_version", "gradcheck.torch" },
+                                               { "lightning_version", "gradcheck.lightning" } };
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++)
+        put(env, versions[i][0], str_or_null(gcd_st_meta(&set->rank[0], versions[i][1])));
+    cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
+    put(r, "probe", cJSON_CreateString("check"));
+    put(r, "mode", cJSON_CreateString(set->stage));
+    put(r, "stage", cJSON_CreateString(set->stage));
+    put(r, "role", cJSON_CreateString("test"));
+    put(r, "world", cJSON_CreateNumber(set->world));
+    put(r, "tolerance", num(set->tol));
+    put(r, "tolerance_from_dtypes", num(set->tol_default));
+    put(r, "bytes_scanned", cJSON_CreateNumber((double)set->bytes));
+    cJSON *dumps = put(r, "dumps", cJSON_CreateArray());
+    for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->sha256[k]));
+    put(r, "reference", set->has_ref ? dump_entry(&set->ref, 0, set->sha256[set->world]) : cJSON_CreateNull());
+    cJSON *ps = put(r, "params", cJSON_CreateArray());
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        cJSON *o = push(ps, cJSON_CreateObject());
+        int none = p->status == GCD_ST_NONE;
+        put(o, "name", cJSON_CreateString(p->name));
+        put(o, "shape", shape(p->ndim, p->shape));
+        put(o, "dtype", cJSON_CreateString(p->dtype));
+        put(o, "status", cJSON_CreateString(gcd_status_str(p->status)));
+        put(o, "ranks_with_grad", cJSON_CreateNumber(p->nhave));
+        put(o, "norm", none ? cJSON_CreateNull() : num(p->norm));
+        put(o, "reference_norm", set->has_ref && !p->ref_none ? num(p->ref_norm) : cJSON_CreateNull());
+        put(o, "rel_err", none || !set->has_ref ? cJSON_CreateNull() : num(p->rel_err));
+        put(o, "scale", none || !set->has_ref ? cJSON_CreateNull() : num(p->scale));
+        put(o, "cosine", none || !set->has_ref ? cJSON_CreateNull() : num(p->cosine));
+        put(o, "nonfinite", cJSON_CreateNumber((double)p->nonfinite));
+        put(o, "max_rank_diff", num(p->max_diff));
+        put(o, "rank_diff_rel", num(p->diff_rel));
+        put(o, "per_rank", per_rank(p, set->world));
+    }
+    add_findings(r, res);
 }

@@ -29,6 +29,10 @@ char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
 }
 
 char *gcd_run_title(const cJSON *run, char *buf, size_t len) {
+    if (!strcmp(gcd_jstr(run, "probe"), "check")) {
+        snprintf(buf, len, "check (stage %s, world %d)", gcd_jstr(run, "stage"), (int)gcd_jnum(run, "world"));
+        return buf;
+    }
     snprintf(buf, len, "%s (%sinputs %s, world %d)", gcd_jstr(run, "probe"), gcd_jbool(run, "local_loss") ? "local_loss, " : "",
              gcd_jstr(run, "inputs"), (int)gcd_jnum(run, "world"));
     return buf;
@@ -69,6 +73,7 @@ char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     else if (!strcmp(st, "mismatch")) snprintf(note, sizeof note, "cos %.3f", gcd_jnum(p, "cosine"));
     else if (!strcmp(st, "partial")) snprintf(note, sizeof note, "%d ranks", (int)gcd_jnum(p, "ranks_with_grad"));
     else if (!strcmp(st, "nonfinite")) snprintf(note, sizeof note, "%d bad", (int)gcd_jnum(p, "nonfinite"));
+    else if (!strcmp(st, "disagree")) snprintf(note, sizeof note, "ranks %.1e", gcd_jnum(p, "rank_diff_rel"));
     snprintf(buf, len, "%-9s %-9s %s", st, n, note);
     return buf;
 }
@@ -105,21 +110,31 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
 static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
     const cJSON *cols[MAX_RUNS] = { 0 };
     int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
-    char t[160], cell[64], shp[32];
+    char t[160], cell[64], shp[96];
+    int NW = 12, SW = 7;   // the name and shape columns fit the longest (within reason)
+    const cJSON *p0;
+    cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+        int k = (int)strlen(gcd_jstr(p0, "name")), s = (int)strlen(gcd_jshape(p0, shp, sizeof shp));
+        NW = k > NW ? (k < 60 ? k : 60) : NW;
+        SW = s > SW ? (s < 24 ? s : 24) : SW;
+    }
+    int check = !strcmp(gcd_jstr(cols[0], "probe"), "check");
     gcd_sb_printf(b, "%s\n", gcd_run_title(cols[0], t, sizeof t));
-    gcd_sb_printf(b, "  %-12s %-7s", "parameter", "shape");
+    gcd_sb_printf(b, "  %-*s %-*s", NW, "parameter", SW, "shape");
+    if (check) gcd_sb_printf(b, " dtype");
     for (int c = 0; c < ncol; c++) {
         char h[48];
         snprintf(h, sizeof h, "%s (%s)", gcd_jstr(cols[c], "mode"), gcd_jstr(cols[c], "role"));
         gcd_sb_printf(b, " | %-*s", CELL, h);
     }
-    gcd_sb_printf(b, "\n  %-12s %-7s", "", "");
+    gcd_sb_printf(b, "\n  %-*s %-*s", NW, "", SW, "");
+    if (check) gcd_sb_printf(b, "      ");
     for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, "status    |g|       vs ref");
     gcd_sb_printf(b, "\n");
-    const cJSON *p0;
     int row = 0;
     cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
-        gcd_sb_printf(b, "  %-12s %-7s", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+        gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
+        if (check) gcd_sb_printf(b, " %-5s", gcd_jstr(p0, "dtype"));
         for (int c = 0; c < ncol; c++) {
             const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
             gcd_sb_printf(b, " | %-*s", CELL, p ? gcd_cell(p, cell, sizeof cell) : "?");
@@ -127,11 +142,15 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
         gcd_sb_printf(b, "\n");
         row++;
     }
-    gcd_sb_printf(b, "  |g|: L2 norm of the DDP-mean gradient; xC: g = C * reference; cos: cosine to the reference\n");
+    if (!check) gcd_sb_printf(b, "  |g|: L2 norm of the DDP-mean gradient; xC: g = C * reference; cos: cosine to the reference\n");
+    else if (!strcmp(gcd_jstr(cols[0], "stage"), "local"))
+        gcd_sb_printf(b, "  |g|: L2 norm of the DDP mean of the ranks' local gradients (None as zeros); xC: g = C * reference; cos: cosine to the reference\n");
+    else gcd_sb_printf(b, "  |g|: L2 norm of the gradient every rank holds after DDP; ranks R: the ranks' largest relative difference; xC: g = C * reference; cos: cosine\n");
     for (int c = 0; c < ncol; c++) {
         const cJSON *f;
         cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
-            gcd_sb_printf(b, "  %-5s %s %s\n", gcd_jstr(cols[c], "mode"), gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
+            if (check) gcd_sb_printf(b, "  %s %s\n", gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
+            else gcd_sb_printf(b, "  %-5s %s %s\n", gcd_jstr(cols[c], "mode"), gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
         }
     }
     if (gcd_jnum(cols[0], "steps") > 0) {
@@ -141,12 +160,12 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
             gcd_sb_printf(b, "    %-6s ", gcd_jstr(cols[c], "mode"));
             sparkline(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cols[c], "loss"), "per_step"));
         }
-        gcd_sb_printf(b, "  how far each parameter moved, ||end - start||\n  %-12s %-7s", "parameter", "shape");
+        gcd_sb_printf(b, "  how far each parameter moved, ||end - start||\n  %-*s %-*s", NW, "parameter", SW, "shape");
         for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-14s", gcd_jstr(cols[c], "mode"));
         gcd_sb_printf(b, "\n");
         row = 0;
         cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
-            gcd_sb_printf(b, "  %-12s %-7s", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+            gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
             for (int c = 0; c < ncol; c++) {
                 const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
                 if (p && !gcd_jbool(p, "moved_any")) snprintf(cell, sizeof cell, "0 (never)");
@@ -164,9 +183,22 @@ char *gcd_render_text(const cJSON *doc) {
     gcd_sb b = { 0 };
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment");
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs");
-    gcd_sb_printf(&b, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g\n\n",
-                  gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"), gcd_jstr(env, "backend"),
-                  (int)gcd_jnum(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+    const cJSON *r0 = cJSON_GetArrayItem(runs, 0);
+    const char *version = gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version");
+    if (!strcmp(gcd_jstr(r0, "probe"), "check")) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference"), *dumps = cJSON_GetObjectItemCaseSensitive(r0, "dumps");
+        gcd_sb_printf(&b, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s, tolerance %g%s\n",
+                      version, cJSON_GetArraySize(dumps), gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"),
+                      cJSON_GetArraySize(dumps) > 1 ? ", ..." : "", cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)",
+                      gcd_jnum(doc, "tolerance"),
+                      gcd_jnum(r0, "tolerance") == gcd_jnum(r0, "tolerance_from_dtypes") ? " (from the dtypes)" : " (--tol)");
+        const char *tv = gcd_jstr(env, "torch_version"), *lv = gcd_jstr(env, "lightning_version");
+        if (*tv || *lv) gcd_sb_printf(&b, "dumped with torch %s%s%s\n", *tv ? tv : "?", *lv ? ", lightning " : "", lv);
+        gcd_sb_printf(&b, "\n");
+    } else {
+        gcd_sb_printf(&b, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g\n\n", version, gcd_jstr(env, "backend"),
+                      (int)gcd_jnum(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+    }
     int group[MAX_RUNS];
     int ng = gcd_run_groups(runs, group, MAX_RUNS);
     for (int g = 0; g < ng; g++) group_table(&b, runs, group, g);

@@ -87,11 +87,12 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     gcd_params P = { 0 };
     pr->init(&pc, &o->cfg, &P);
     res->nparam = P.n;
+    res->param = gcd_malloc((size_t)P.n * sizeof *res->param);
     for (int i = 0; i < P.n; i++) {
         gcd_param_result *p = &res->param[i];
         p->name = P.name[i];
         p->ndim = P.t[i]->ndim;
-        memcpy(p->shape, P.t[i]->shape, sizeof p->shape);
+        memcpy(p->shape, P.t[i]->shape, sizeof P.t[i]->shape);
         p->n = P.t[i]->n;
         p->init = copy(P.t[i]->data, p->n);
         if (root) {
@@ -145,6 +146,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     }
     gcd_arena_free(&pass);
     gcd_arena_free(&params_arena);
+    res->tol = GCD_TOL;
     if (root) gcd_verdict(res);
 }
 
@@ -152,7 +154,11 @@ void gcd_run_result_free(gcd_run_result *res) {
     for (int i = 0; i < res->nparam; i++) {
         gcd_param_result *p = &res->param[i];
         free(p->init), free(p->local), free(p->has), free(p->reduced), free(p->reference);
+        free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite), free(p->differs);
     }
+    for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
+    free(res->finding);
+    free(res->param);
     for (int j = 0; j < res->ninput; j++) free(res->inputs[j]);
     free(res->loss);
     memset(res, 0, sizeof *res);

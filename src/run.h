@@ -9,12 +9,26 @@
 
 typedef enum {
     GCD_ST_NONE, GCD_ST_PARTIAL, GCD_ST_ZERO, GCD_ST_NONFINITE, GCD_ST_OK, GCD_ST_SCALED, GCD_ST_MISMATCH,
+    GCD_ST_DISAGREE,   // check, stage reduced: ranks hold different gradients after DDP's all-reduce
+    GCD_ST_PRESENT,    // check without a reference: finite, non-zero, the same on every rank
     GCD_ST_COUNT
 } gcd_status;
 
+// What the classifier reads of one gradient g against its reference r, summed in float64 over the
+// finite values, chunk by chunk (verdict.c: gcd_sums_add, gcd_sums_resid).
+typedef struct {
+    double gg, gr, rr, dd;   // <g,g>, <g,r>, <r,r>, ||g - r||^2
+    double ee;               // ||g - c r||^2 for c = gr / rr: a second pass, when gcd_sums_need_resid
+    long nonfinite, first_nonfinite;
+    int allzero;             // every finite value of g is 0
+    int has_ref;             // r was given (a missing reference counts as zeros)
+} gcd_sums;
+
+#define GCD_PARAM_MAX_DIM 8
+
 typedef struct {
     const char *name;
-    int ndim, shape[GCD_MAX_DIM];
+    int ndim, shape[GCD_PARAM_MAX_DIM];
     size_t n;
     double *init;           // (n) values at the start
     double *local;          // (world, n) each rank's own gradient (rows of None ranks are zeros)
@@ -28,15 +42,22 @@ typedef struct {
     gcd_status status;
     double norm, ref_norm, rel_err, scale, cosine;   // NAN where undefined
     long nonfinite, first_nonfinite;
+    // check only (dumps): NULL / 0 for the probes
+    const char *dtype;            // the dumps' dtype, "F32"
+    int ref_none;                 // the reference has no gradient (None) for it
+    double *rank_norm;            // (world) ||g_k||, NAN where None
+    long *rank_nonfinite;         // (world) NaN/Inf values on rank k
+    long *rank_first_nonfinite;   // (world) index of the first, -1 if none
+    unsigned char *differs;       // (world) stage reduced: 1 where rank k's gradient is not rank first's
+    int first;                    // stage reduced: the first rank with a gradient, g's source
+    double max_diff, diff_rel;    // largest |g_k - g_first| and ||g_k - g_first|| / ||g_first||
 } gcd_param_result;
 
-#define GCD_MAX_FINDINGS 16
-
 typedef struct {
-    char kind[24];          // none, partial, zero, nonfinite, scaled, mismatch, learning_stopped, forward, note
+    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, learning_stopped, forward, note
     int counts;             // 1: a gradient finding; 0: a note
-    char params[256];       // comma-separated
-    char message[640];
+    char *params;           // comma-separated names (malloc'd)
+    char *message;          // (malloc'd)
 } gcd_finding;
 
 typedef struct {
@@ -45,7 +66,8 @@ typedef struct {
     double lr, tol;
     gcd_probe_cfg cfg;
     int nparam;
-    gcd_param_result param[GCD_MAX_PARAMS];
+    gcd_param_result *param;          // (nparam)
+    int classified;                   // check: statuses already set from streamed sums
     int ninput;
     const char *input_name[GCD_MAX_INPUTS];
     int input_ndim[GCD_MAX_INPUTS], input_shape[GCD_MAX_INPUTS][GCD_MAX_DIM];
@@ -54,8 +76,8 @@ typedef struct {
     int nloss;                        // steps recorded (max(steps, 1))
     double *loss;                     // (nloss, world)
     double ref_loss;                  // the reference objective: mean over ranks of loss_r
-    int nfinding;
-    gcd_finding finding[GCD_MAX_FINDINGS];
+    int nfinding, cap_finding;
+    gcd_finding *finding;             // (nfinding)
 } gcd_run_result;
 
 typedef struct {

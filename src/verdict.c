@@ -1,216 +1,367 @@
 #include "verdict.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-static const char *status_names[GCD_ST_COUNT] = { "none", "partial", "zero", "nonfinite", "ok", "scaled", "mismatch" };
+static const char *status_names[GCD_ST_COUNT] = { "none", "partial", "zero", "nonfinite", "ok", "scaled", "mismatch", "disagree", "present" };
 
 const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT ? status_names[s] : "?"; }
 
 // ----------------------------------------------------------------------------
-// one parameter
+// one gradient: sums streamed chunk by chunk, then one decision
+
+void gcd_sums_init(gcd_sums *s, int has_ref) {
+    memset(s, 0, sizeof *s);
+    s->first_nonfinite = -1;
+    s->allzero = 1;
+    s->has_ref = has_ref;
+}
+
+void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at) {
+    double gg = 0, gr = 0, rr = 0, dd = 0;
+    long bad = 0, nz = 0;
+    if (r) {
+#pragma omp simd reduction(+ : gg, gr, rr, dd, bad, nz)
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i], y = r[i], d = x - y;
+            bad += !(x - x == 0);   // NaN and infinities
+            nz += x != 0;
+            gg += x * x, gr += x * y, rr += y * y, dd += d * d;
+        }
+    } else {
+#pragma omp simd reduction(+ : gg, bad, nz)
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i];
+            bad += !(x - x == 0);
+            nz += x != 0;
+            gg += x * x;
+        }
+    }
+    if (bad) {   // rare: the sums over the finite values only, and where the first bad one is
+        gg = gr = rr = dd = 0, nz = 0;
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i], y = r ? r[i] : 0;
+            if (!isfinite(x)) {
+                if (s->first_nonfinite < 0) s->first_nonfinite = (long)(at + i);
+                continue;
+            }
+            nz += x != 0;
+            gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y);
+        }
+    }
+    s->gg += gg, s->gr += gr, s->rr += rr, s->dd += dd;
+    s->nonfinite += bad;
+    s->allzero &= nz == 0;
+}
+
+int gcd_sums_need_resid(const gcd_sums *s, double tol) {
+    return s->has_ref && s->rr > 0 && !s->nonfinite && !s->allzero && s->gr > 0 && !(sqrt(s->dd) <= tol * sqrt(s->rr));
+}
+
+// g = c r + e with e orthogonal to r: ||e|| summed directly (gg - gr^2/rr cancels)
+void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, size_t n) {
+    double c = s->gr / s->rr, ee = 0;
+#pragma omp simd reduction(+ : ee)
+    for (size_t i = 0; i < n; i++) ee += (g[i] - c * r[i]) * (g[i] - c * r[i]);
+    s->ee += ee;
+}
+
+void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double tol) {
+    p->norm = p->rel_err = p->scale = p->cosine = NAN;
+    p->ref_norm = s->has_ref ? sqrt(s->rr) : NAN;
+    p->nonfinite = s->nonfinite;
+    p->first_nonfinite = s->first_nonfinite;
+    if (p->nhave == 0) { p->status = GCD_ST_NONE; return; }
+    if (s->nonfinite) { p->status = GCD_ST_NONFINITE; return; }
+    p->norm = sqrt(s->gg);
+    if (s->has_ref) {
+        double rr = s->rr, gg = s->gg;
+        p->rel_err = rr > 0 ? sqrt(s->dd) / p->ref_norm : (gg > 0 ? INFINITY : 0);
+        p->cosine = gg > 0 && rr > 0 ? s->gr / (p->norm * p->ref_norm) : NAN;
+        if (rr > 0) {
+            p->scale = s->gr / rr;
+            if (sqrt(s->dd) <= tol * p->ref_norm) p->status = GCD_ST_OK;
+            else if (s->allzero) p->status = GCD_ST_ZERO;
+            else if (p->scale > 0 && sqrt(s->ee) <= tol * p->norm && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
+            else p->status = GCD_ST_MISMATCH;   // c <= 0 too: the wrong direction is no scale
+        } else {
+            p->status = s->allzero ? GCD_ST_OK : GCD_ST_MISMATCH;   // the reference is zero: only zero is right
+        }
+    } else {
+        p->status = s->allzero ? GCD_ST_ZERO : GCD_ST_PRESENT;
+    }
+    if (p->diff_rel > tol) p->status = GCD_ST_DISAGREE;   // the figures are kept; the cause comes first
+    if (p->nhave < world) p->status = GCD_ST_PARTIAL;
+}
 
 void gcd_classify(gcd_param_result *p, int world, double tol) {
-    const double *g = p->reduced, *r = p->reference;
-    p->norm = p->ref_norm = p->rel_err = p->scale = p->cosine = NAN;
-    p->nonfinite = 0;
-    p->first_nonfinite = -1;
-    double rr = 0;
-    for (size_t i = 0; i < p->n; i++) rr += r[i] * r[i];
-    p->ref_norm = sqrt(rr);
-    if (p->nhave == 0 || !g) { p->status = GCD_ST_NONE; return; }
-
-    double gg = 0, gr = 0, dd = 0;
-    int allzero = 1;
-    for (size_t i = 0; i < p->n; i++) {
-        if (!isfinite(g[i])) {
-            if (!p->nonfinite++) p->first_nonfinite = (long)i;
-            continue;
-        }
-        allzero &= g[i] == 0;
-        gg += g[i] * g[i];
-        gr += g[i] * r[i];
-        dd += (g[i] - r[i]) * (g[i] - r[i]);
-    }
-    if (p->nonfinite) { p->status = GCD_ST_NONFINITE; return; }
-    p->norm = sqrt(gg);
-    p->rel_err = rr > 0 ? sqrt(dd) / p->ref_norm : (gg > 0 ? INFINITY : 0);
-    p->cosine = gg > 0 && rr > 0 ? gr / (p->norm * p->ref_norm) : NAN;
-    if (rr > 0) {   // g = c r + e with e orthogonal to r; ||e|| summed directly (gg - gr^2/rr cancels)
-        p->scale = gr / rr;
-        double ee = 0;
-        for (size_t i = 0; i < p->n; i++) ee += (g[i] - p->scale * r[i]) * (g[i] - p->scale * r[i]);
-        if (sqrt(dd) <= tol * p->ref_norm) p->status = GCD_ST_OK;
-        else if (allzero) p->status = GCD_ST_ZERO;
-        else if (sqrt(ee) <= tol * p->norm && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
-        else p->status = GCD_ST_MISMATCH;
+    gcd_sums s;
+    gcd_sums_init(&s, 1);
+    if (p->nhave > 0 && p->reduced) {
+        gcd_sums_add(&s, p->reduced, p->reference, p->n, 0);
+        if (gcd_sums_need_resid(&s, tol)) gcd_sums_resid(&s, p->reduced, p->reference, p->n);
     } else {
-        p->status = allzero ? GCD_ST_OK : GCD_ST_MISMATCH;   // the reference is zero: only zero is right
+        p->nhave = 0;
+        for (size_t i = 0; i < p->n; i++) s.rr += p->reference[i] * p->reference[i];
     }
-    if (p->nhave < world) p->status = GCD_ST_PARTIAL;   // the values are kept; the cause comes first
+    gcd_classify_sums(p, &s, world, tol);
 }
 
 // ----------------------------------------------------------------------------
-// findings in words
+// names in words: "a, b and c"; a whole group of three or more under one dotted prefix is "prefix.*"
 
-static gcd_finding *add(gcd_run_result *res, const char *kind, int counts) {
-    if (res->nfinding == GCD_MAX_FINDINGS) return NULL;
-    gcd_finding *f = &res->finding[res->nfinding++];
-    memset(f, 0, sizeof *f);
-    snprintf(f->kind, sizeof f->kind, "%s", kind);
-    f->counts = counts;
-    return f;
+typedef int (*pick_fn)(const gcd_param_result *, const void *);
+
+static int count(const gcd_run_result *res, pick_fn pick, const void *arg) {
+    int n = 0;
+    for (int i = 0; i < res->nparam; i++) n += pick(&res->param[i], arg);
+    return n;
 }
 
-static void say(gcd_finding *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(gcd_finding *f, const char *fmt, ...) {
-    if (!f) return;
-    size_t k = strlen(f->message);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(f->message + k, sizeof f->message - k, fmt, ap);
-    va_end(ap);
-}
-
-// "a, b and c" of the parameters whose status matches, also into f->params
-static int list(const gcd_run_result *res, int (*pick)(const gcd_param_result *, const void *), const void *arg,
-                char *out, size_t len) {
-    int n = 0, total = 0;
-    for (int i = 0; i < res->nparam; i++) total += pick(&res->param[i], arg);
-    out[0] = 0;
+// writes the words into out (and, when ids is given, every picked name comma-separated); returns how
+// many parameters were picked
+static int names(const gcd_run_result *res, pick_fn pick, const void *arg, gcd_sb *out, gcd_sb *ids) {
+    enum { SHOWN = 12 };
+    int n = count(res, pick, arg), shown = 0, hidden = 0;
+    unsigned char *done = gcd_malloc((size_t)res->nparam + 1);
+    gcd_sb words[SHOWN] = { { 0 } };
     for (int i = 0; i < res->nparam; i++) {
-        if (!pick(&res->param[i], arg)) continue;
-        size_t k = strlen(out);
-        snprintf(out + k, len - k, "%s%s", n == 0 ? "" : (n == total - 1 ? " and " : ", "), res->param[i].name);
-        n++;
+        const gcd_param_result *p = &res->param[i];
+        if (!pick(p, arg)) continue;
+        if (ids) gcd_sb_printf(ids, "%s%s", ids->len ? "," : "", p->name);
+        if (done[i]) continue;
+        gcd_sb w = { 0 };
+        for (const char *dot = strchr(p->name, '.'); dot && !w.s; dot = strchr(dot + 1, '.')) {
+            size_t k = (size_t)(dot - p->name) + 1;
+            int total = 0, picked = 0;
+            for (int j = 0; j < res->nparam; j++)
+                if (!strncmp(res->param[j].name, p->name, k)) total++, picked += pick(&res->param[j], arg);
+            if (total != picked || total < 3) continue;
+            gcd_sb_printf(&w, "%.*s*", (int)k, p->name);
+            for (int j = 0; j < res->nparam; j++) done[j] |= !strncmp(res->param[j].name, p->name, k);
+        }
+        if (!w.s) gcd_sb_printf(&w, "%s", p->name);
+        if (shown < SHOWN) words[shown++] = w;
+        else hidden++, gcd_sb_free(&w);
     }
+    for (int i = 0; i < shown; i++) {
+        const char *sep = i == 0 ? "" : (i == shown - 1 && !hidden ? " and " : ", ");
+        gcd_sb_printf(out, "%s%s", sep, words[i].s);
+        gcd_sb_free(&words[i]);
+    }
+    if (hidden) gcd_sb_printf(out, " and %d more (the report lists them all)", hidden);
+    if (!out->s) gcd_sb_printf(out, "%s", "");
+    free(done);
     return n;
 }
 
 static int by_status(const gcd_param_result *p, const void *arg) { return p->status == *(const gcd_status *)arg; }
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
-static int is_param(const gcd_param_result *p, const void *arg) { return p == arg; }
 static int same_scale(const gcd_param_result *p, const void *arg) {
     return p->status == GCD_ST_SCALED && fabs(p->scale - *(const double *)arg) <= 1e-6 * fabs(p->scale);
 }
-
-// f->params: the same parameters as list(), comma-separated ("a,b,c")
-static void set_params(gcd_finding *f, const gcd_run_result *res, int (*pick)(const gcd_param_result *, const void *), const void *arg) {
-    if (!f) return;
-    for (int i = 0; i < res->nparam; i++) {
-        if (!pick(&res->param[i], arg)) continue;
-        size_t k = strlen(f->params);
-        snprintf(f->params + k, sizeof f->params - k, "%s%s", k ? "," : "", res->param[i].name);
-    }
-}
+static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none; }
 
 static const char *plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
 
+// appends a finding that takes over the strings of msg and ids
+static void emit(gcd_run_result *res, const char *kind, int counts, gcd_sb *ids, gcd_sb *msg) {
+    if (res->nfinding == res->cap_finding) {
+        res->cap_finding = res->cap_finding ? 2 * res->cap_finding : 16;
+        res->finding = realloc(res->finding, (size_t)res->cap_finding * sizeof *res->finding);
+        mallocCheck(res->finding);
+    }
+    gcd_finding *f = &res->finding[res->nfinding++];
+    memset(f, 0, sizeof *f);
+    snprintf(f->kind, sizeof f->kind, "%s", kind);
+    f->counts = counts;
+    f->params = ids && ids->s ? ids->s : gcd_strdup("");
+    f->message = msg->s ? msg->s : gcd_strdup("");
+    if (ids) *ids = (gcd_sb){ 0 };
+    *msg = (gcd_sb){ 0 };
+}
+
+static void ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {
+    int n = 0, total = 0;
+    for (int k = 0; k < world; k++) total += flag[k] == want;
+    for (int k = 0; k < world; k++)
+        if (flag[k] == want) gcd_sb_printf(m, "%s%d", n == 0 ? "" : (n == total - 1 ? " and " : ", "), k), n++;
+}
+
+// ----------------------------------------------------------------------------
+// the run's findings
+
 void gcd_verdict(gcd_run_result *res) {
-    res->tol = GCD_TOL;
+    if (!res->classified)
+        for (int i = 0; i < res->nparam; i++) gcd_classify(&res->param[i], res->world, res->tol);
+    for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
     res->nfinding = 0;
-    for (int i = 0; i < res->nparam; i++) gcd_classify(&res->param[i], res->world, res->tol);
-    char names[256], others[256];
+    int check = !strcmp(res->probe, "check");
+    gcd_sb m = { 0 }, ids = { 0 }, others = { 0 };
     gcd_status st;
     int n;
 
     // the forward: the distributed loss must equal the reference objective, or the gather is wrong
-    double mean = 0;
-    for (int k = 0; k < res->world; k++) mean += res->loss[k];
-    mean /= res->world;
-    if (fabs(mean - res->ref_loss) > res->tol * fmax(1.0, fabs(res->ref_loss))) {
-        gcd_finding *f = add(res, "forward", 1);
-        say(f, "the ranks' mean loss %.9g differs from the single-process objective %.9g: the forward itself is wrong",
-            mean, res->ref_loss);
+    if (res->loss) {
+        double mean = 0;
+        for (int k = 0; k < res->world; k++) mean += res->loss[k];
+        mean /= res->world;
+        if (fabs(mean - res->ref_loss) > res->tol * fmax(1.0, fabs(res->ref_loss))) {
+            gcd_sb_printf(&m, "the ranks' mean loss %.9g differs from the single-process objective %.9g: the forward itself is wrong",
+                          mean, res->ref_loss);
+            emit(res, "forward", 1, NULL, &m);
+        }
     }
 
     st = GCD_ST_NONE;
-    if ((n = list(res, by_status, &st, names, sizeof names))) {
-        gcd_finding *f = add(res, "none", 1);
-        set_params(f, res, by_status, &st);
-        int have = list(res, with_grad, NULL, others, sizeof others);
-        if (have == 0) say(f, "no parameter receives a gradient on any rank (None): nothing is learned");
+    if ((n = count(res, by_status, &st))) {
+        int have = count(res, with_grad, NULL);
+        gcd_sb words = { 0 };
+        names(res, by_status, &st, &words, &ids);
+        names(res, with_grad, NULL, &others, NULL);
+        if (have == 0) gcd_sb_printf(&m, "no parameter receives a gradient on any rank (None): nothing is learned");
         else if (have < res->nparam / 2 + 1 && have < n)
-            say(f, "only %d of %d parameters %s a gradient: %s; %s %s None on every rank: the gather detached everything before it",
-                have, res->nparam, plural(have, "receives", "receive"), others, names, plural(n, "gets", "get"));
+            gcd_sb_printf(&m, "only %d of %d parameters %s a gradient: %s; %s %s None on every rank%s", have, res->nparam,
+                          plural(have, "receives", "receive"), others.s, words.s, plural(n, "gets", "get"),
+                          check ? "" : ": the gather detached everything before it");
         else
-            say(f, "%s %s no gradient on any rank (None); %s %s one", names, plural(n, "receives", "receive"), others,
-                plural(have, "still gets", "still get"));
+            gcd_sb_printf(&m, "%s %s no gradient on any rank (None); %s %s one", words.s, plural(n, "receives", "receive"), others.s,
+                          plural(have, "still gets", "still get"));
+        int unused = count(res, none_in_ref, NULL);
+        if (unused) {
+            gcd_sb u = { 0 };
+            names(res, none_in_ref, NULL, &u, NULL);
+            gcd_sb_printf(&m, "; %s %s none in the single-process reference either: unused by the loss (--ignore %s if that is intended)",
+                          u.s, plural(unused, "has", "have"), plural(unused, "it", "them"));
+            gcd_sb_free(&u);
+        }
+        gcd_sb_free(&words);
+        gcd_sb_free(&others);
+        emit(res, "none", 1, &ids, &m);
     }
-    st = GCD_ST_PARTIAL;
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (p->status != st) continue;
-        gcd_finding *f = add(res, "partial", 1);
-        set_params(f, res, is_param, p);
-        say(f, "%s has a gradient on %d of %d ranks; None on rank", p->name, p->nhave, res->world);
-        for (int k = 0, c = 0; k < res->world; k++)
-            if (!p->has[k]) say(f, "%s %d", c++ ? "," : "", k);
+        if (p->status != GCD_ST_PARTIAL) continue;
+        gcd_sb_printf(&ids, "%s", p->name);
+        gcd_sb_printf(&m, "%s has a gradient on %d of %d ranks; None on rank%s ", p->name, p->nhave, res->world,
+                      plural(res->world - p->nhave, "", "s"));
+        ranks_list(&m, p->has, 0, res->world);
+        emit(res, "partial", 1, &ids, &m);
     }
     st = GCD_ST_ZERO;
-    if ((n = list(res, by_status, &st, names, sizeof names))) {
-        gcd_finding *f = add(res, "zero", 1);
-        set_params(f, res, by_status, &st);
-        say(f, "%s %s a gradient of exactly zero where the reference's is not", names, plural(n, "gets", "get"));
+    if ((n = count(res, by_status, &st))) {
+        const gcd_param_result *z = res->param;
+        while (z->status != st) z++;
+        names(res, by_status, &st, &m, &ids);
+        if (!isnan(z->ref_norm))
+            gcd_sb_printf(&m, " %s a gradient of exactly zero where the reference's is not", plural(n, "gets", "get"));
+        else gcd_sb_printf(&m, " %s a gradient of exactly zero on every rank that has one", plural(n, "gets", "get"));
+        emit(res, "zero", 1, &ids, &m);
     }
-    st = GCD_ST_NONFINITE;
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (p->status != st) continue;
-        gcd_finding *f = add(res, "nonfinite", 1);
-        set_params(f, res, is_param, p);
-        say(f, "%s: %ld of %zu gradient values are NaN or infinite (first at index %ld)", p->name, p->nonfinite, p->n,
-            p->first_nonfinite);
+        if (p->status != GCD_ST_NONFINITE) continue;
+        gcd_sb_printf(&ids, "%s", p->name);
+        if (p->rank_nonfinite) {
+            gcd_sb_printf(&m, "%s: NaN or infinite gradient values", p->name);
+            for (int k = 0, c = 0; k < res->world; k++)
+                if (p->rank_nonfinite[k])
+                    gcd_sb_printf(&m, "%s on rank %d: %ld of %zu (first at index %ld)", c++ ? ";" : "", k,
+                                  p->rank_nonfinite[k], p->n, p->rank_first_nonfinite[k]);
+        } else {
+            gcd_sb_printf(&m, "%s: %ld of %zu gradient values are NaN or infinite (first at index %ld)", p->name, p->nonfinite, p->n,
+                          p->first_nonfinite);
+        }
+        emit(res, "nonfinite", 1, &ids, &m);
+    }
+    st = GCD_ST_DISAGREE;
+    if ((n = count(res, by_status, &st))) {
+        const gcd_param_result *worst = NULL;
+        for (int i = 0; i < res->nparam; i++)
+            if (res->param[i].status == st && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+        names(res, by_status, &st, &m, &ids);
+        gcd_sb_printf(&m, " %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ",
+                      plural(n, "holds", "hold"));
+        if (n > 1) gcd_sb_printf(&m, "%s differs most, ", worst->name);
+        gcd_sb_printf(&m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel, worst->first);
+        int nd = 0;
+        for (int k = 0; k < res->world; k++) nd += worst->differs[k];
+        gcd_sb_printf(&m, "%s ", plural(nd, "", "s"));
+        ranks_list(&m, worst->differs, 1, res->world);
+        gcd_sb_printf(&m, " (a parameter outside DDP, a no_sync misuse, or a gradient changed after the all-reduce)");
+        emit(res, "disagree", 1, &ids, &m);
     }
     for (int i = 0; i < res->nparam; i++) {   // one finding per distinct scale
         const gcd_param_result *p = &res->param[i];
         int seen = 0;
         for (int j = 0; j < i; j++) seen |= same_scale(&res->param[j], &p->scale);
         if (p->status != GCD_ST_SCALED || seen) continue;
-        n = list(res, same_scale, &p->scale, names, sizeof names);
-        gcd_finding *f = add(res, "scaled", 1);
-        set_params(f, res, same_scale, &p->scale);
-        say(f, "%s %s %.6gx the reference", names, plural(n, "gradient is", "gradients are"), p->scale);
-        if (fabs(p->scale * res->world - 1) <= 1e-6) say(f, " (= 1/world)");
+        n = names(res, same_scale, &p->scale, &m, &ids);
+        gcd_sb_printf(&m, " %s %.6gx the reference", plural(n, "gradient is", "gradients are"), p->scale);
+        if (fabs(p->scale * res->world - 1) <= 1e-6) gcd_sb_printf(&m, " (= 1/world)");
         st = GCD_ST_OK;
-        if (list(res, by_status, &st, others, sizeof others)) say(f, " while %s %s 1x", others, strstr(others, " and ") ? "are" : "is");
+        int ok = count(res, by_status, &st);
+        if (ok) {
+            names(res, by_status, &st, &others, NULL);
+            gcd_sb_printf(&m, " while %s %s 1x", others.s, plural(ok, "is", "are"));
+            gcd_sb_free(&others);
+        }
+        emit(res, "scaled", 1, &ids, &m);
     }
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != GCD_ST_MISMATCH) continue;
-        gcd_finding *f = add(res, "mismatch", 1);
-        set_params(f, res, is_param, p);
-        say(f, "%s: wrong gradient, neither the reference nor a multiple of it: relative error %.3g, cosine %.3g",
-            p->name, p->rel_err, p->cosine);
+        gcd_sb_printf(&ids, "%s", p->name);
+        if (p->ref_none) gcd_sb_printf(&m, "%s: the ranks have a gradient but the single-process reference has none (None)", p->name);
+        else if (p->scale <= 0)
+            gcd_sb_printf(&m, "%s: wrong gradient, pointing away from the reference (scale %.3g, cosine %.3g, relative error %.3g)", p->name,
+                          p->scale, p->cosine, p->rel_err);
+        else
+            gcd_sb_printf(&m, "%s: wrong gradient, neither the reference nor a multiple of it: relative error %.3g, cosine %.3g", p->name,
+                          p->rel_err, p->cosine);
+        emit(res, "mismatch", 1, &ids, &m);
     }
-    if (res->steps > 0 && (n = list(res, stuck, NULL, names, sizeof names))) {
+    if (res->steps > 0 && (n = count(res, stuck, NULL))) {
         const double *first = res->loss, *last = res->loss + (size_t)(res->nloss - 1) * res->world;
         double l0 = 0, l1 = 0;
         for (int k = 0; k < res->world; k++) l0 += first[k] / res->world, l1 += last[k] / res->world;
         if (l1 != l0) {
-            gcd_finding *f = add(res, "learning_stopped", 1);
-            set_params(f, res, stuck, NULL);
-            say(f, "learning stopped: the loss went %.6g -> %.6g over %d steps while %s never moved (bit-identical to the start)",
-                l0, l1, res->steps, names);
+            gcd_sb w = { 0 };
+            names(res, stuck, NULL, &w, &ids);
+            gcd_sb_printf(&m, "learning stopped: the loss went %.6g -> %.6g over %d steps while %s never moved (bit-identical to the start)",
+                          l0, l1, res->steps, w.s);
+            gcd_sb_free(&w);
+            emit(res, "learning_stopped", 1, &ids, &m);
         }
     }
     st = GCD_ST_OK;
-    if ((n = list(res, by_status, &st, names, sizeof names))) {
+    if ((n = count(res, by_status, &st))) {
         double worst = 0;
         for (int i = 0; i < res->nparam; i++)
             if (res->param[i].status == GCD_ST_OK && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
-        gcd_finding *f = add(res, "note", 0);
-        set_params(f, res, by_status, &st);
-        if (n == res->nparam) say(f, "every parameter matches the single-process reference (max relative error %.2g)", worst);
-        else say(f, "%s %s the reference (max relative error %.2g)", names, plural(n, "matches", "match"), worst);
+        gcd_sb w = { 0 };
+        names(res, by_status, &st, &w, &ids);
+        if (n == res->nparam) gcd_sb_printf(&m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
+        else gcd_sb_printf(&m, "%s %s the reference (max relative error %.2g)", w.s, plural(n, "matches", "match"), worst);
+        gcd_sb_free(&w);
+        emit(res, "note", 0, &ids, &m);
     }
-    if (res->world == 1) {
-        gcd_finding *f = add(res, "note", 0);
-        say(f, "world 1: there is no process group, so the gather returns the tensor itself in every mode; "
-               "the defect appears only with world > 1");
+    st = GCD_ST_PRESENT;
+    if ((n = count(res, by_status, &st))) {
+        gcd_sb w = { 0 };
+        names(res, by_status, &st, &w, &ids);
+        gcd_sb_printf(&m, "%s %s a finite, non-zero gradient%s; no reference (--ref) to compare %s values with", w.s,
+                      plural(n, "has", "have"), res->world > 1 ? " on every rank" : "", plural(n, "its", "their"));
+        gcd_sb_free(&w);
+        emit(res, "note", 0, &ids, &m);
+    }
+    if (res->world == 1 && !check) {
+        gcd_sb_printf(&m, "world 1: there is no process group, so the gather returns the tensor itself in every mode; "
+                          "the defect appears only with world > 1");
+        emit(res, "note", 0, NULL, &m);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
- * verdict: what the numbers say. Each parameter's DDP-mean gradient g is classified against the
- * single-process reference r (none, partial, zero, nonfinite, ok, scaled, mismatch), then the run's
- * findings are written in words. Nothing here looks at the gather mode: only at the numbers.
+ * verdict: what the numbers say, for `run` and `check` alike. Each parameter's gradient g is
+ * classified against its reference r (none, partial, zero, nonfinite, disagree, ok, scaled, mismatch,
+ * present) from sums streamed over its values, then the run's findings are written in words. Nothing
+ * here looks at the gather mode or a file's name: only at the numbers.
  */
 #pragma once
 #include "run.h"
@@ -10,9 +11,19 @@
 
 const char *gcd_status_str(gcd_status s);
 
-// Classifies one gradient: g (n) or NULL (None on every rank), nhave of world ranks had one.
+// ---- the classifier, streamed: sums over chunks of (g, r), then one decision
+void gcd_sums_init(gcd_sums *s, int has_ref);
+// adds n values of g and r (r NULL: no reference, or a None one) that start at element `at`
+void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at);
+// 1 when the decision needs ee, the residual of g against c r (c = gr/rr): a second pass of sums_resid
+int gcd_sums_need_resid(const gcd_sums *s, double tol);
+void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, size_t n);
+// Sets p's status and figures from s. p->nhave, p->differs/diff_rel (check) are read.
+void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double tol);
+// The same from p->reduced (NULL: None on every rank) and p->reference, in memory (the probes).
 void gcd_classify(gcd_param_result *p, int world, double tol);
-// Classifies every parameter and writes res->finding.
+
+// Classifies every parameter (unless res->classified) and writes res->finding.
 void gcd_verdict(gcd_run_result *res);
 // 1 when the run has a gradient finding (notes do not count)
 int gcd_run_has_finding(const gcd_run_result *res);

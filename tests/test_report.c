@@ -53,7 +53,9 @@ static cJSON *nonfinite_report(void) {
     static double init[2][4], local[2][8], reference[2][4] = { { 1, 2, 3, 4 }, { 1, 1 } }, loss[2] = { 0.5, 0.5 };
     static double reduced[4] = { NAN, 1, INFINITY, -INFINITY };
     static unsigned char has[2][2] = { { 1, 1 }, { 0, 0 } };
-    gcd_run_result res = { .probe = "simplenet", .mode = GCD_GATHER_ON, .world = 2, .nparam = 2, .nloss = 1, .loss = loss, .ref_loss = 0.5 };
+    static gcd_param_result params[2];
+    gcd_run_result res = { .probe = "simplenet", .mode = GCD_GATHER_ON, .world = 2, .nparam = 2, .param = params, .nloss = 1, .loss = loss,
+                           .ref_loss = 0.5, .tol = GCD_TOL };
     res.param[0] = (gcd_param_result){ .name = "fc1.weight", .ndim = 2, .shape = { 2, 2 }, .n = 4, .init = init[0], .local = local[0],
                                        .has = has[0], .nhave = 2, .reduced = reduced, .reference = reference[0] };
     res.param[1] = (gcd_param_result){ .name = "fc1.bias", .ndim = 1, .shape = { 2 }, .n = 2, .init = init[1], .local = local[1],

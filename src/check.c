@@ -1,0 +1,511 @@
+#include "check.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sha256.h"
+#include "verdict.h"
+
+#define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
+
+static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return 2;
+}
+
+// ----------------------------------------------------------------------------
+// the files: directories expanded, every dump opened and validated
+
+static int ends_with(const char *s, const char *tail) {
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && !strcmp(s + a - b, tail);
+}
+
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// every dump path, directories expanded (sorted), the reference left out
+static int expand(const gcd_check_opts *o, char ***out, int *n, char *err, size_t len) {
+    struct stat ref_st;
+    int have_ref = o->ref && stat(o->ref, &ref_st) == 0;
+    int cap = 16;
+    char **paths = gcd_malloc((size_t)cap * sizeof *paths);
+    *n = 0;
+    for (int i = 0; i < o->ndumps; i++) {
+        struct stat st;
+        if (stat(o->dumps[i], &st)) return fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
+        int first = *n;
+        if (S_ISDIR(st.st_mode)) {
+            DIR *d = opendir(o->dumps[i]);
+            if (!d) return fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                if (!ends_with(e->d_name, ".safetensors") || e->d_name[0] == '.') continue;
+                char *p = gcd_malloc(strlen(o->dumps[i]) + strlen(e->d_name) + 2);
+                sprintf(p, "%s/%s", o->dumps[i], e->d_name);
+                struct stat fs;
+                if (have_ref && stat(p, &fs) == 0 && fs.st_dev == ref_st.st_dev && fs.st_ino == ref_st.st_ino) { free(p); continue; }
+                if (*n == cap) {
+                    paths = realloc(paths, (size_t)(cap *= 2) * sizeof *paths);
+                    mallocCheck(paths);
+                }
+                paths[(*n)++] = p;
+            }
+            closedir(d);
+            qsort(paths + first, (size_t)(*n - first), sizeof *paths, by_str);
+            if (*n == first) return fail(err, len, "%s: no *.safetensors file in this directory", o->dumps[i]);
+        } else {
+            if (*n == cap) {
+                paths = realloc(paths, (size_t)(cap *= 2) * sizeof *paths);
+                mallocCheck(paths);
+            }
+            paths[(*n)++] = gcd_strdup(o->dumps[i]);
+        }
+    }
+    *out = paths;
+    return 0;
+}
+
+static int meta_int(const gcd_st_file *f, const char *key, long lo, long hi, long *out, char *err, size_t len) {
+    const char *v = gcd_st_meta(f, key);
+    if (!v) return fail(err, len, "%s: no %s in its metadata: not a gradcheck dump (write it with gradcheck_dist.dump_grads)", f->path, key);
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return fail(err, len, "%s: metadata %s is '%.40s', expected a whole number from %ld to %ld", f->path, key, v, lo, hi);
+    *out = x;
+    return 0;
+}
+
+// gcd.params as a list of unique strings
+static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, size_t len) {
+    const char *v = gcd_st_meta(f, "gradcheck.params");
+    if (!v) return fail(err, len, "%s: no gradcheck.params in its metadata: not a gradcheck dump (write it with gradcheck_dist.dump_grads)", f->path);
+    cJSON *a = cJSON_Parse(v);
+    int rc = 0;
+    if (!cJSON_IsArray(a)) rc = fail(err, len, "%s: metadata gradcheck.params is not a JSON array of parameter names", f->path);
+    *n = rc ? 0 : cJSON_GetArraySize(a);
+    *out = gcd_malloc((size_t)(*n ? *n : 1) * sizeof **out);
+    for (int i = 0; !rc && i < *n; i++) {
+        const cJSON *s = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsString(s)) rc = fail(err, len, "%s: metadata gradcheck.params[%d] is not a string", f->path, i);
+        else (*out)[i] = gcd_strdup(s->valuestring);
+    }
+    cJSON_Delete(a);
+    if (rc) {
+        *n = 0;
+        return rc;
+    }
+    char **sorted = gcd_malloc((size_t)(*n ? *n : 1) * sizeof *sorted);
+    memcpy(sorted, *out, (size_t)*n * sizeof *sorted);
+    qsort(sorted, (size_t)*n, sizeof *sorted, by_str);
+    for (int i = 1; i < *n && !rc; i++)
+        if (!strcmp(sorted[i], sorted[i - 1])) rc = fail(err, len, "%s: gradcheck.params names '%.80s' twice", f->path, sorted[i]);
+    free(sorted);
+    return rc;
+}
+
+static void free_strs(char **s, int n) {
+    for (int i = 0; i < n; i++) free(s[i]);
+    free(s);
+}
+
+static int in_list(char *const *list, int n, const char *s) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(list[i], s)) return 1;
+    return 0;
+}
+
+static int ignored(const gcd_check_opts *o, const char *name) {
+    for (int i = 0; i < o->nignore; i++)
+        if (!fnmatch(o->ignore[i], name, 0)) return 1;
+    return 0;
+}
+
+static double dtype_tol(gcd_dtype d) { return d == GCD_DT_F64 ? GCD_TOL : d == GCD_DT_F32 ? 1e-5 : 1e-2; }
+
+static void shape_str(char *buf, size_t len, const gcd_st_tensor *t) {
+    size_t k = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < t->ndim && k < len; i++) k += (size_t)snprintf(buf + k, len - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if (k < len) snprintf(buf + k, len - k, ")");
+}
+
+static int same_shape(const gcd_st_tensor *a, const gcd_st_tensor *b) {
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]);
+}
+
+// the file's own consistency: metadata, and every tensor a listed, readable parameter
+static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **params, int np, char *err, size_t len) {
+    const char *fmt = gcd_st_meta(f, "gradcheck.format");
+    if (!fmt) return fail(err, len, "%s: no gradcheck.format in its metadata: not a gradcheck dump (write it with gradcheck_dist.dump_grads)", f->path);
+    if (strcmp(fmt, "1")) return fail(err, len, "%s: gradcheck.format '%.20s' is not one this gradcheck-dist reads (1): upgrade it", f->path, fmt);
+    const char *stage = gcd_st_meta(f, "gradcheck.stage");
+    if (!stage || (strcmp(stage, "local") && strcmp(stage, "reduced")))
+        return fail(err, len, "%s: metadata gradcheck.stage is '%.20s', expected local or reduced", f->path, stage ? stage : "(missing)");
+    for (int i = 0; i < f->ntensor; i++) {
+        const gcd_st_tensor *t = &f->tensor[i];
+        if (!in_list(params, np, t->name))
+            return fail(err, len, "%s: tensor '%.80s' is not in gradcheck.params (every gradient must be a listed parameter)", f->path, t->name);
+        if (t->dtype == GCD_DT_OTHER && !ignored(o, t->name))
+            return fail(err, len, "%s: unsupported dtype %s for tensor '%.80s' (F64, F32, F16 and BF16 are read; --ignore it to leave it out)",
+                        f->path, t->dtype_name, t->name);
+    }
+    return 0;
+}
+
+int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len) {
+    memset(set, 0, sizeof *set);
+    char **paths = NULL;
+    int n = 0, rc = expand(o, &paths, &n, err, len);
+    gcd_st_file *files = gcd_malloc((size_t)(n ? n : 1) * sizeof *files);
+    long *rank = gcd_malloc((size_t)(n ? n : 1) * sizeof *rank);
+    char **params = NULL;
+    int np = 0;
+    for (int i = 0; i < n; i++) files[i].fd = -1;
+    for (int i = 0; !rc && i < n; i++) {
+        long world;
+        if (gcd_st_open(&files[i], paths[i], err, len)) rc = 2;
+        else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &world, err, len)) &&
+                 !(rc = meta_int(&files[i], "gradcheck.rank", 0, world - 1, &rank[i], err, len))) {
+            char **p;
+            int k;
+            if (!(rc = meta_params(&files[i], &p, &k, err, len)) && !(rc = check_file(o, &files[i], p, k, err, len))) {
+                const char *stage = gcd_st_meta(&files[i], "gradcheck.stage");
+                if (i == 0) {
+                    set->world = (int)world, set->stage = stage, params = p, np = k;
+                    p = NULL, k = 0;
+                } else if (world != set->world)
+                    rc = fail(err, len, "%s: gradcheck.world is %ld, but %s says %d", paths[i], world, paths[0], set->world);
+                else if (strcmp(stage, set->stage))
+                    rc = fail(err, len, "%s: gradcheck.stage is %s, but %s says %s: dump every rank at the same stage", paths[i], stage, paths[0], set->stage);
+                else {
+                    for (int j = 0; !rc && j < np; j++)
+                        if (!in_list(p, k, params[j])) rc = fail(err, len, "%s (rank %ld): gradcheck.params lacks '%.80s', which %s lists: not the same model", paths[i], rank[i], params[j], paths[0]);
+                    for (int j = 0; !rc && j < k; j++)
+                        if (!in_list(params, np, p[j])) rc = fail(err, len, "%s (rank %ld): gradcheck.params lists '%.80s', which %s does not: not the same model", paths[i], rank[i], p[j], paths[0]);
+                }
+            }
+            if (p) free_strs(p, k);
+        }
+    }
+    // one file per rank, every rank
+    set->rank = gcd_malloc((size_t)(set->world ? set->world : 1) * sizeof *set->rank);
+    int *owner = gcd_malloc((size_t)(set->world ? set->world : 1) * sizeof *owner);
+    for (int k = 0; k < set->world; k++) owner[k] = -1, set->rank[k].fd = -1;
+    for (int i = 0; !rc && i < n; i++) {
+        if (owner[rank[i]] >= 0) rc = fail(err, len, "%s and %s both claim rank %ld", paths[owner[rank[i]]], paths[i], rank[i]);
+        else owner[rank[i]] = i;
+    }
+    for (int k = 0; !rc && k < set->world; k++)
+        if (owner[k] < 0) {
+            rc = fail(err, len, "world %d, but no dump for rank %d among the %d file%s given (%s%s)", set->world, k, n, n == 1 ? "" : "s", paths[0],
+                      n > 1 ? ", ..." : "");
+        }
+    if (!rc)
+        for (int k = 0; k < set->world; k++) set->rank[k] = files[owner[k]], files[owner[k]].fd = -1, files[owner[k]].path = NULL;
+    for (int i = 0; i < n; i++)
+        if (files[i].path) gcd_st_close(&files[i]);
+    free(files), free(rank), free(owner);
+    free_strs(paths, n);
+    set->params = params, set->nparams = np;
+    if (rc) return rc;
+
+    // the reference: world 1, the same parameters
+    set->ref.fd = -1;
+    if (o->ref) {
+        long world, r0;
+        char **p = NULL;
+        int k = 0;
+        set->has_ref = 1;
+        if (gcd_st_open(&set->ref, o->ref, err, len)) return 2;
+        if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
+            (rc = meta_int(&set->ref, "gradcheck.rank", 0, 1 << 16, &r0, err, len)))
+            return rc;
+        if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
+        if ((rc = meta_params(&set->ref, &p, &k, err, len)) || (rc = check_file(o, &set->ref, p, k, err, len))) return free_strs(p, k), rc;
+        for (int j = 0; !rc && j < np; j++)
+            if (!in_list(p, k, params[j])) rc = fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, params[j]);
+        for (int j = 0; !rc && j < k; j++)
+            if (!in_list(params, np, p[j])) rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, p[j]);
+        free_strs(p, k);
+        if (rc) return rc;
+    }
+
+    // per parameter: one shape everywhere, and the tolerance the dtypes allow
+    set->tol_default = GCD_TOL;
+    for (int j = 0; j < np; j++) {
+        if (ignored(o, params[j])) continue;
+        const gcd_st_tensor *first = NULL;
+        int first_rank = -1;
+        for (int k = 0; k <= set->world; k++) {
+            const gcd_st_file *f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            const gcd_st_tensor *t = f ? gcd_st_find(f, params[j]) : NULL;
+            if (!t) continue;
+            set->tol_default = fmax(set->tol_default, dtype_tol(t->dtype));
+            if (!first) { first = t, first_rank = k; continue; }
+            if (!same_shape(t, first)) {
+                char a[96], b[96];
+                shape_str(a, sizeof a, t), shape_str(b, sizeof b, first);
+                if (k == set->world) return fail(err, len, "tensor '%.80s': shape %s in the reference %s differs from %s on rank %d", params[j], a, o->ref, b, first_rank);
+                return fail(err, len, "tensor '%.80s': shape %s on rank %d (%s) differs from %s on rank %d", params[j], a, k, f->path, b, first_rank);
+            }
+        }
+    }
+    set->tol = o->tol > 0 ? o->tol : set->tol_default;
+    set->sha256 = gcd_malloc((size_t)(set->world + 1) * sizeof *set->sha256);
+    return 0;
+}
+
+void gcd_check_free(gcd_check_set *set) {
+    for (int k = 0; set->rank && k < set->world; k++) gcd_st_close(&set->rank[k]);
+    if (set->has_ref) gcd_st_close(&set->ref);
+    free(set->rank);
+    free(set->sha256);
+    free_strs(set->params, set->nparams);
+    memset(set, 0, sizeof *set);
+}
+
+// ----------------------------------------------------------------------------
+// sha256 of every file, on a second thread while the first one scans (pread: no SIGBUS there)
+
+typedef struct {
+    gcd_check_set *set;
+    char err[512];
+} hash_job;
+
+static void *hash_files(void *arg) {
+    hash_job *h = arg;
+    gcd_check_set *set = h->set;
+    size_t cap = 1 << 20;
+    unsigned char *buf = gcd_malloc(cap);
+    for (int k = 0; k <= set->world && !h->err[0]; k++) {
+        const gcd_st_file *f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+        if (!f) { set->sha256[k][0] = 0; continue; }
+        gcd_sha256 s;
+        gcd_sha256_init(&s);
+        for (uint64_t at = 0; at < f->size;) {
+            ssize_t got = pread(f->fd, buf, cap, (off_t)at);
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) {
+                snprintf(h->err, sizeof h->err, "%s: %s while hashing it", f->path, got < 0 ? strerror(errno) : "the file shrank");
+                break;
+            }
+            gcd_sha256_update(&s, buf, (size_t)got);
+            at += (uint64_t)got;
+        }
+        unsigned char dig[32];
+        gcd_sha256_final(&s, dig);
+        gcd_sha256_hex(dig, set->sha256[k]);
+    }
+    free(buf);
+    return NULL;
+}
+
+// ----------------------------------------------------------------------------
+// the scan: per parameter, every rank's values a chunk at a time
+
+typedef struct {
+    const gcd_check_set *set;
+    const gcd_st_tensor **t;   // (world + 1) rank k's tensor or NULL; the reference's last
+    int local;                 // stage local: g is the DDP mean; reduced: g is the first rank's
+    double *x, *g, *r;         // (CHUNK)
+    double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2
+    char *err;
+    size_t len;
+} scan;
+
+static const char *volatile reading;   // the file being read, for the SIGBUS message
+
+static int load(scan *s, int k, uint64_t at, size_t m, double *out) {
+    const gcd_st_file *f = k < s->set->world ? &s->set->rank[k] : &s->set->ref;
+    reading = f->path;
+    return gcd_st_read(f, s->t[k], at, m, out, s->err, s->len);
+}
+
+// g (and r) for elements [at, at+m); with p, also each rank's own figures
+static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
+    int W = s->set->world, got = 0;
+    for (int k = 0; k < W; k++) {
+        if (!s->t[k]) continue;
+        double *dst = got ? s->x : s->g;
+        if (load(s, k, at, m, dst)) return 2;
+        if (s->local && got) {
+#pragma omp simd
+            for (size_t i = 0; i < m; i++) s->g[i] += s->x[i];
+        }
+        if (p) {   // rank k's own values: norm, non-finite, difference from the first rank (reduced)
+            double sq = 0, d2 = 0, mx = 0;
+            long bad = 0;
+            const double *v = got ? s->x : s->g;
+#pragma omp simd reduction(+ : sq, bad)
+            for (size_t i = 0; i < m; i++) sq += v[i] * v[i], bad += !(v[i] - v[i] == 0);
+            if (bad) {
+                p->rank_nonfinite[k] += bad;
+                for (size_t i = 0; i < m && p->rank_first_nonfinite[k] < 0; i++)
+                    if (!isfinite(v[i])) p->rank_first_nonfinite[k] = (long)(at + i);
+            }
+            s->sq[k] += sq;
+            if (!s->local && got) {
+#pragma omp simd reduction(+ : d2) reduction(max : mx)
+                for (size_t i = 0; i < m; i++) {
+                    double d = s->x[i] - s->g[i];
+                    d2 += d * d;
+                    mx = fmax(mx, fabs(d));
+                }
+                s->dsq[k] += d2;
+                p->max_diff = fmax(p->max_diff, mx);
+                if (d2 > 0 || (mx != mx)) p->differs[k] = 1;
+            }
+        }
+        got++;
+    }
+    if (s->local) {
+        for (size_t i = 0; i < m; i++) s->g[i] /= W;
+    }
+    if (s->t[W] && load(s, W, at, m, s->r)) return 2;
+    return 0;
+}
+
+static int scan_param(scan *s, gcd_param_result *p, double tol) {
+    int W = s->set->world;
+    gcd_sums sums;
+    gcd_sums_init(&sums, s->set->has_ref);
+    memset(s->sq, 0, (size_t)W * sizeof *s->sq);
+    memset(s->dsq, 0, (size_t)W * sizeof *s->dsq);
+    const double *r = s->t[W] ? s->r : NULL;   // a None reference counts as zeros for the sums
+    if (!r && s->set->has_ref) memset(s->r, 0, CHUNK * sizeof *s->r), r = s->r;
+    for (uint64_t at = 0; p->nhave && at < p->n; at += CHUNK) {
+        size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
+        if (chunk(s, p, at, m)) return 2;
+        gcd_sums_add(&sums, s->g, s->set->has_ref ? r : NULL, m, at);
+    }
+    if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
+        for (uint64_t at = 0; at < p->n; at += CHUNK) {
+            size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
+            if (load(s, W, at, m, s->r)) return 2;
+            for (size_t i = 0; i < m; i++) sums.rr += s->r[i] * s->r[i];
+        }
+    if (gcd_sums_need_resid(&sums, tol))
+        for (uint64_t at = 0; at < p->n; at += CHUNK) {
+            size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
+            if (chunk(s, NULL, at, m)) return 2;
+            gcd_sums_resid(&sums, s->g, r, m);
+        }
+    double g0 = p->first >= 0 ? sqrt(s->sq[p->first]) : 0;
+    for (int k = 0; k < W; k++) {
+        p->rank_norm[k] = s->t[k] ? sqrt(s->sq[k]) : NAN;
+        if (s->local || !s->t[k] || k == p->first || !p->differs[k]) continue;
+        double rel = g0 > 0 ? sqrt(s->dsq[k]) / g0 : INFINITY;
+        if (!(rel > tol)) p->differs[k] = 0;   // within the tolerance: not a disagreement
+        else p->diff_rel = fmax(p->diff_rel, rel);
+    }
+    gcd_classify_sums(p, &sums, W, tol);
+    return 0;
+}
+
+int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, char *err, size_t len) {
+    int W = set->world;
+    memset(res, 0, sizeof *res);
+    res->probe = "check";
+    res->world = W;
+    res->tol = set->tol;
+    res->classified = 1;
+    res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
+    scan s = { .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
+    s.t = gcd_malloc((size_t)(W + 1) * sizeof *s.t);
+    s.x = gcd_malloc(CHUNK * sizeof(double)), s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double));
+    s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
+
+    hash_job h = { .set = set };
+    pthread_t thread;
+    int threaded = pthread_create(&thread, NULL, hash_files, &h) == 0;
+    if (!threaded) hash_files(&h);
+
+    int rc = 0;
+    sigjmp_buf jb;
+    gcd_st_guard_install();
+    gcd_st_jmp = &jb;
+    if (sigsetjmp(jb, 1)) {
+        rc = fail(err, len, "%s: changed while being read (truncated: SIGBUS on its mapped data); dump it again", (const char *)reading);
+        goto done;
+    }
+    int tty = isatty(2);
+    uint64_t total = 0, seen = 0;
+    for (int j = 0; j < set->nparams; j++)
+        for (int k = 0; k <= W; k++) {
+            const gcd_st_file *f = k < W ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            const gcd_st_tensor *t = f && !ignored(o, set->params[j]) ? gcd_st_find(f, set->params[j]) : NULL;
+            total += t ? t->end - t->begin : 0;
+        }
+    for (int j = 0; j < set->nparams; j++) {
+        if (ignored(o, set->params[j])) continue;
+        gcd_param_result *p = &res->param[res->nparam++];
+        p->name = set->params[j];
+        p->first = -1;
+        p->has = gcd_malloc((size_t)W);
+        p->rank_norm = gcd_malloc((size_t)W * sizeof(double));
+        p->rank_nonfinite = gcd_malloc((size_t)W * sizeof(long));
+        p->rank_first_nonfinite = gcd_malloc((size_t)W * sizeof(long));
+        p->differs = gcd_malloc((size_t)W);
+        const gcd_st_tensor *any = NULL;   // the loosest dtype among the ranks' (else the reference's) names the column
+        for (int k = 0; k <= W; k++) {
+            const gcd_st_file *f = k < W ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            s.t[k] = f ? gcd_st_find(f, p->name) : NULL;
+            if (!s.t[k]) continue;
+            seen += s.t[k]->end - s.t[k]->begin;
+            if (!any || (k < W && dtype_tol(s.t[k]->dtype) > dtype_tol(any->dtype))) any = s.t[k];
+            if (k < W) {
+                p->has[k] = 1, p->nhave++;
+                if (p->first < 0) p->first = k;
+            }
+        }
+        for (int k = 0; k < W; k++) p->rank_first_nonfinite[k] = -1;
+        p->ref_none = set->has_ref && !s.t[W];
+        if (any) {
+            p->ndim = any->ndim;
+            for (int d = 0; d < any->ndim; d++) p->shape[d] = (int)any->shape[d];
+            p->n = any->n;
+        }
+        p->dtype = any ? gcd_dtype_str(any->dtype) : "-";
+        if ((rc = scan_param(&s, p, set->tol))) goto done;
+        if (tty && total > (1u << 30)) fprintf(stderr, "\rcheck: %3.0f%% of %.1f GB", 100.0 * (double)seen / (double)total, (double)total / 1e9);
+    }
+    if (tty && total > (1u << 30)) fprintf(stderr, "\r%40s\r", "");
+    set->bytes = total;
+done:
+    gcd_st_jmp = NULL;
+    if (threaded) pthread_join(thread, NULL);
+    if (!rc && h.err[0]) rc = fail(err, len, "%s", h.err);
+    for (int k = 0; !rc && k < W; k++)
+        if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
+    if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
+    free(s.t), free(s.x), free(s.g), free(s.r), free(s.sq), free(s.dsq);
+    if (!rc) gcd_verdict(res);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+
+const char gcd_check_snippet[] =
+    "# 1. dump every rank's gradients after one training step (pip install ./python)\n"
+    "from gradcheck_dist import dump_grads, GradcheckDump\n"
+    "# plain PyTorch / DDP, after loss.backward() on each rank (torchrun --nproc_per_node 4 train.py):\n"
+    "dump_grads(model, f\"dumps/rank{torch.distributed.get_rank()}.safetensors\")\n"
+    "# single process, same starting weights, the whole global batch (world 1):\n"
+    "dump_grads(model, \"ref.safetensors\")\n"
+    "# Lightning: Trainer(..., callbacks=[GradcheckDump(\"dumps\")], max_steps=1)\n"
+    "# 2. the verdict: exit 0 clean, 1 gradient findings, 2 bad input\n"
+    "#    gradcheck-dist check dumps/ --ref ref.safetensors\n";

@@ -1,0 +1,42 @@
+/*
+ * check: the verdict on the user's own gradients. Per-rank safetensors dumps (and an optional
+ * single-process reference) are opened and validated whole before any value is read: metadata, ranks,
+ * world, parameter lists, shapes and dtypes across files. Then one pass per parameter streams every
+ * rank's values at once, a chunk at a time, into the sums the shared classifier (verdict.c) reads.
+ * Memory is O(chunk), not O(model).
+ */
+#pragma once
+#include "run.h"
+#include "safetensors.h"
+
+typedef struct {
+    const char *const *dumps;   // files or directories (every *.safetensors directly in it)
+    int ndumps;
+    const char *ref;            // or NULL
+    const char *const *ignore;  // fnmatch patterns over parameter names
+    int nignore;
+    double tol;                 // 0: from the dtypes read
+} gcd_check_opts;
+
+typedef struct {
+    int world;
+    const char *stage;          // "local" or "reduced"
+    gcd_st_file *rank;          // (world) rank k's dump
+    gcd_st_file ref;            // has_ref
+    int has_ref;
+    char (*sha256)[65];         // (world + 1) hex digests, the reference's last
+    int nparams;
+    char **params;              // (nparams) gradcheck.params of rank 0
+    double tol, tol_default;    // in force; what the dtypes give
+    uint64_t bytes;             // data bytes scanned
+} gcd_check_set;
+
+// Opens, validates and cross-checks every file. 0, or 2 with a message naming the file, rank or
+// tensor in err.
+int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len);
+// Scans every parameter not ignored into res (probe "check") and gives the verdict. 0, or 2 when a
+// file changed while being read.
+int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, char *err, size_t len);
+void gcd_check_free(gcd_check_set *set);
+
+extern const char gcd_check_snippet[];   // the recipe `check --snippet` prints
