@@ -16,7 +16,8 @@
 #include "sha256.h"
 #include "verdict.h"
 
-#define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
+#define CHUNK 4096
+   // elements per rank converted to float64 at a time: three such buffers stay in L2
 
 static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t len, const char *fmt, ...) {
@@ -315,13 +316,79 @@ static void *hash_files(void *arg) {
 }
 
 // ----------------------------------------------------------------------------
-// the scan: per parameter, every rank's values a chunk at a time
+// the scan: per parameter, every rank's values a chunk at a time. One pass over each rank's bytes
+// converts them and takes that rank's figures at once (take); the loops vectorise (omp simd).
+
+typedef struct {
+    double sq, d2, mx;   // ||v||^2, ||v - g||^2, max |v - g|
+    long bad, first;     // NaN and infinities, and the first one's index in the chunk
+} rank_acc;
+
+enum { TAKE_FIRST, TAKE_ADD, TAKE_DIFF, TAKE_CONV };   // g = v; g += v; compare v with g; g = v, no figures
+
+static inline double ld_f64(const unsigned char *s, size_t i) { double v; memcpy(&v, s + 8 * i, 8); return v; }
+static inline double ld_f32(const unsigned char *s, size_t i) { float v; memcpy(&v, s + 4 * i, 4); return v; }
+static inline double ld_f16(const unsigned char *s, size_t i) { uint16_t h; memcpy(&h, s + 2 * i, 2); return gcd_f16_table[h]; }
+static inline double ld_bf16(const unsigned char *s, size_t i) {
+    uint16_t h;
+    memcpy(&h, s + 2 * i, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+#define TAKE_LOOPS(LD)                                                                                                          \
+    switch (how) {                                                                                                              \
+    case TAKE_FIRST:                                                                                                            \
+        _Pragma("omp simd reduction(+ : sq)") for (size_t i = 0; i < m; i++) {                                                \
+            double v = LD(s, i);                                                                                                \
+            g[i] = v, sq += v * v;                                                                                              \
+        }                                                                                                                       \
+        break;                                                                                                                  \
+    case TAKE_ADD:                                                                                                              \
+        _Pragma("omp simd reduction(+ : sq)") for (size_t i = 0; i < m; i++) {                                                \
+            double v = LD(s, i);                                                                                                \
+            g[i] += v, sq += v * v;                                                                                             \
+        }                                                                                                                       \
+        break;                                                                                                                  \
+    case TAKE_DIFF:                                                                                                             \
+        _Pragma("omp simd reduction(+ : sq, d2) reduction(max : mx)") for (size_t i = 0; i < m; i++) {                        \
+            double v = LD(s, i), d = v - g[i], ad = fabs(d);                                                                    \
+            sq += v * v, d2 += d * d, mx = mx > ad ? mx : ad;                                                                   \
+        }                                                                                                                       \
+        break;                                                                                                                  \
+    default:                                                                                                                    \
+        _Pragma("omp simd") for (size_t i = 0; i < m; i++) g[i] = LD(s, i);                                                    \
+    }
+
+// A NaN or infinity makes ||v||^2 non-finite (so can a finite F64 beyond 1e154 squared): only then
+// are the values looked at one by one.
+GCD_CLONES static void take(int how, gcd_dtype dt, const unsigned char *s, size_t m, double *g, rank_acc *a, double *tmp) {
+    double sq = 0, d2 = 0, mx = 0;
+    switch (dt) {
+    case GCD_DT_F64: TAKE_LOOPS(ld_f64) break;
+    case GCD_DT_F32: TAKE_LOOPS(ld_f32) break;
+    case GCD_DT_F16: TAKE_LOOPS(ld_f16) break;
+    case GCD_DT_BF16: TAKE_LOOPS(ld_bf16) break;
+    default: GCD_FATAL("take: dtype %d is not readable", (int)dt);
+    }
+    if (how != TAKE_CONV && !isfinite(sq)) {
+        double *v = how == TAKE_FIRST ? g : tmp;
+        if (how != TAKE_FIRST) take(TAKE_CONV, dt, s, m, tmp, a, NULL);
+        a->first = -1;
+        for (size_t i = 0; i < m; i++)
+            if (!isfinite(v[i])) a->bad++, a->first = a->first < 0 ? (long)i : a->first;
+    }
+    a->sq += sq, a->d2 += d2;
+    a->mx = a->mx > mx || mx != mx ? (mx != mx ? mx : a->mx) : mx;
+}
 
 typedef struct {
     const gcd_check_set *set;
     const gcd_st_tensor **t;   // (world + 1) rank k's tensor or NULL; the reference's last
     int local;                 // stage local: g is the DDP mean; reduced: g is the first rank's
-    double *x, *g, *r;         // (CHUNK)
+    double *g, *r, *tmp;       // (CHUNK)
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2
     char *err;
     size_t len;
@@ -329,53 +396,46 @@ typedef struct {
 
 static const char *volatile reading;   // the file being read, for the SIGBUS message
 
-static int load(scan *s, int k, uint64_t at, size_t m, double *out) {
-    const gcd_st_file *f = k < s->set->world ? &s->set->rank[k] : &s->set->ref;
+static const gcd_st_file *file_of(const gcd_check_set *set, int k) { return k < set->world ? &set->rank[k] : &set->ref; }
+
+static const unsigned char *bytes(scan *s, int k, uint64_t at, size_t m) {
+    const gcd_st_file *f = file_of(s->set, k);
     reading = f->path;
-    return gcd_st_read(f, s->t[k], at, m, out, s->err, s->len);
+    return gcd_st_bytes(f, s->t[k], at, m, s->err, s->len);
 }
 
-// g (and r) for elements [at, at+m); with p, also each rank's own figures
+// g (and r) for elements [at, at+m); with p, also each rank's own figures (without p, a reduced
+// stage reads the first rank only: g is its gradient)
 static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     int W = s->set->world, got = 0;
     for (int k = 0; k < W; k++) {
-        if (!s->t[k]) continue;
-        double *dst = got ? s->x : s->g;
-        if (load(s, k, at, m, dst)) return 2;
-        if (s->local && got) {
-#pragma omp simd
-            for (size_t i = 0; i < m; i++) s->g[i] += s->x[i];
-        }
-        if (p) {   // rank k's own values: norm, non-finite, difference from the first rank (reduced)
-            double sq = 0, d2 = 0, mx = 0;
-            long bad = 0;
-            const double *v = got ? s->x : s->g;
-#pragma omp simd reduction(+ : sq, bad)
-            for (size_t i = 0; i < m; i++) sq += v[i] * v[i], bad += !(v[i] - v[i] == 0);
-            if (bad) {
-                p->rank_nonfinite[k] += bad;
-                for (size_t i = 0; i < m && p->rank_first_nonfinite[k] < 0; i++)
-                    if (!isfinite(v[i])) p->rank_first_nonfinite[k] = (long)(at + i);
-            }
-            s->sq[k] += sq;
-            if (!s->local && got) {
-#pragma omp simd reduction(+ : d2) reduction(max : mx)
-                for (size_t i = 0; i < m; i++) {
-                    double d = s->x[i] - s->g[i];
-                    d2 += d * d;
-                    mx = fmax(mx, fabs(d));
-                }
-                s->dsq[k] += d2;
-                p->max_diff = fmax(p->max_diff, mx);
-                if (d2 > 0 || (mx != mx)) p->differs[k] = 1;
-            }
-        }
+        if (!s->t[k] || (!p && !s->local && got)) continue;
+        const unsigned char *b = bytes(s, k, at, m);
+        if (!b) return 2;
+        int how = got == 0 ? TAKE_FIRST : s->local ? TAKE_ADD : TAKE_DIFF;
+        rank_acc a = { 0 };
+        take(how, s->t[k]->dtype, b, m, s->g, &a, s->tmp);
         got++;
+        if (!p) continue;
+        s->sq[k] += a.sq;
+        if (a.bad) {
+            p->rank_nonfinite[k] += a.bad;
+            if (p->rank_first_nonfinite[k] < 0) p->rank_first_nonfinite[k] = (long)at + a.first;
+        }
+        if (how == TAKE_DIFF) {
+            s->dsq[k] += a.d2;
+            p->max_diff = p->max_diff > a.mx || a.mx != a.mx ? (a.mx != a.mx ? a.mx : p->max_diff) : a.mx;
+            if (a.d2 > 0 || a.d2 != a.d2) p->differs[k] = 1;
+        }
     }
-    if (s->local) {
+    if (s->local)
         for (size_t i = 0; i < m; i++) s->g[i] /= W;
+    if (s->t[W]) {
+        const unsigned char *b = bytes(s, W, at, m);
+        if (!b) return 2;
+        rank_acc a = { 0 };
+        take(TAKE_CONV, s->t[W]->dtype, b, m, s->r, &a, NULL);
     }
-    if (s->t[W] && load(s, W, at, m, s->r)) return 2;
     return 0;
 }
 
@@ -385,19 +445,25 @@ static int scan_param(scan *s, gcd_param_result *p, double tol) {
     gcd_sums_init(&sums, s->set->has_ref);
     memset(s->sq, 0, (size_t)W * sizeof *s->sq);
     memset(s->dsq, 0, (size_t)W * sizeof *s->dsq);
-    const double *r = s->t[W] ? s->r : NULL;   // a None reference counts as zeros for the sums
-    if (!r && s->set->has_ref) memset(s->r, 0, CHUNK * sizeof *s->r), r = s->r;
+    const double *r = s->set->has_ref ? s->r : NULL;   // a None reference counts as zeros for the sums
+    if (r && !s->t[W]) memset(s->r, 0, CHUNK * sizeof *s->r);
     for (uint64_t at = 0; p->nhave && at < p->n; at += CHUNK) {
         size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
         if (chunk(s, p, at, m)) return 2;
-        gcd_sums_add(&sums, s->g, s->set->has_ref ? r : NULL, m, at);
+        gcd_sums_add(&sums, s->g, r, m, at);
     }
     if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-            if (load(s, W, at, m, s->r)) return 2;
-            for (size_t i = 0; i < m; i++) sums.rr += s->r[i] * s->r[i];
+            const unsigned char *b = bytes(s, W, at, m);
+            if (!b) return 2;
+            rank_acc a = { 0 };
+            take(TAKE_FIRST, s->t[W]->dtype, b, m, s->r, &a, NULL);
+            sums.rr += a.sq;
         }
+    // a reduced stage takes g from the first rank: a NaN elsewhere is still a NaN in the gradients
+    for (int k = 0; k < W && !sums.nonfinite; k++)
+        if (p->rank_nonfinite[k]) sums.nonfinite = p->rank_nonfinite[k], sums.first_nonfinite = p->rank_first_nonfinite[k];
     if (gcd_sums_need_resid(&sums, tol))
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
@@ -409,9 +475,11 @@ static int scan_param(scan *s, gcd_param_result *p, double tol) {
         p->rank_norm[k] = s->t[k] ? sqrt(s->sq[k]) : NAN;
         if (s->local || !s->t[k] || k == p->first || !p->differs[k]) continue;
         double rel = g0 > 0 ? sqrt(s->dsq[k]) / g0 : INFINITY;
-        if (!(rel > tol)) p->differs[k] = 0;   // within the tolerance: not a disagreement
-        else p->diff_rel = fmax(p->diff_rel, rel);
+        if (rel <= tol) p->differs[k] = 0;   // within the tolerance: not a disagreement
+        else p->diff_rel = rel != rel || p->diff_rel != p->diff_rel ? NAN : fmax(p->diff_rel, rel);
     }
+    for (int k = 0; k <= W; k++)
+        if (s->t[k]) gcd_st_release(file_of(s->set, k), s->t[k]);
     gcd_classify_sums(p, &sums, W, tol);
     return 0;
 }
@@ -426,13 +494,13 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
     scan s = { .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
     s.t = gcd_malloc((size_t)(W + 1) * sizeof *s.t);
-    s.x = gcd_malloc(CHUNK * sizeof(double)), s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double));
+    s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
 
     hash_job h = { .set = set };
     pthread_t thread;
-    int threaded = pthread_create(&thread, NULL, hash_files, &h) == 0;
-    if (!threaded) hash_files(&h);
+    int threaded = !o->no_hash && pthread_create(&thread, NULL, hash_files, &h) == 0;
+    if (!threaded && !o->no_hash) hash_files(&h);
 
     int rc = 0;
     sigjmp_buf jb;
@@ -492,7 +560,7 @@ done:
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
-    free(s.t), free(s.x), free(s.g), free(s.r), free(s.sq), free(s.dsq);
+    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq);
     if (!rc) gcd_verdict(res);
     return rc;
 }

@@ -16,6 +16,7 @@ typedef struct {
     const char *const *ignore;  // fnmatch patterns over parameter names
     int nignore;
     double tol;                 // 0: from the dtypes read
+    int no_hash;                // skip the sha256 of each file
 } gcd_check_opts;
 
 typedef struct {

@@ -57,6 +57,7 @@ static const char usage[] =
     "  --ignore GLOB        leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')\n"
     "  --tol X              relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)\n"
     "  --json PATH|- --no-json   as for run\n"
+    "  --no-hash            leave out the sha256 of each dump (hashing runs at ~1.4 GB/s, slower than the scan)\n"
     "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n"
     "\n"
     "gather modes:\n"
@@ -450,6 +451,7 @@ static int check_main(int argc, char **argv) {
         else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
         else if (!strcmp(flag, "--json")) json = v;
         else if (!strcmp(flag, "--no-json")) no_json = 1;
+        else if (!strcmp(flag, "--no-hash")) o.no_hash = 1;
         else if (!strcmp(flag, "--snippet")) { fputs(gcd_check_snippet, stdout); free(dumps), free(ignore); return fflush(stdout) ? 3 : 0; }
         else if (!strcmp(flag, "--tol")) {
             char *end;

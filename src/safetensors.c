@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -281,7 +282,6 @@ int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len) {
         void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, f->fd, 0);
         if (m != MAP_FAILED) {
             f->map = m;
-            madvise(m, size, MADV_SEQUENTIAL);
         }
     }
     return 0;
@@ -321,10 +321,9 @@ void gcd_st_close(gcd_st_file *f) {
 }
 
 // ----------------------------------------------------------------------------
-// values: converted to float64 a chunk at a time
+// values: raw little-endian bytes, a chunk at a time; F16 through a table
 
-static float f16_table[65536];
-static int f16_ready;
+float gcd_f16_table[65536];
 
 static float half_to_float(uint16_t h) {
     unsigned s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
@@ -333,59 +332,18 @@ static float half_to_float(uint16_t h) {
 }
 
 static void f16_init(void) {
-    for (unsigned i = 0; i < 65536; i++) f16_table[i] = half_to_float((uint16_t)i);
-    f16_ready = 1;
+    for (unsigned i = 0; i < 65536; i++) gcd_f16_table[i] = half_to_float((uint16_t)i);
 }
 
-static void convert(gcd_dtype d, const unsigned char *src, size_t n, double *out) {
-    switch (d) {
-    case GCD_DT_F64: memcpy(out, src, n * 8); break;
-    case GCD_DT_F32: {
-        float x[256];
-        for (size_t i = 0; i < n; i += 256) {   // through a local copy: src may be unaligned
-            size_t k = n - i < 256 ? n - i : 256;
-            memcpy(x, src + 4 * i, 4 * k);
-            for (size_t j = 0; j < k; j++) out[i + j] = x[j];
-        }
-        break;
-    }
-    case GCD_DT_BF16: {
-        uint16_t h[256];
-        for (size_t i = 0; i < n; i += 256) {
-            size_t k = n - i < 256 ? n - i : 256;
-            memcpy(h, src + 2 * i, 2 * k);
-            for (size_t j = 0; j < k; j++) {
-                uint32_t u = (uint32_t)h[j] << 16;
-                float x;
-                memcpy(&x, &u, 4);
-                out[i + j] = x;
-            }
-        }
-        break;
-    }
-    case GCD_DT_F16: {
-        if (!f16_ready) f16_init();
-        uint16_t h[256];
-        for (size_t i = 0; i < n; i += 256) {
-            size_t k = n - i < 256 ? n - i : 256;
-            memcpy(h, src + 2 * i, 2 * k);
-            for (size_t j = 0; j < k; j++) out[i + j] = f16_table[h[j]];
-        }
-        break;
-    }
-    default: GCD_FATAL("convert: dtype %d is not readable", (int)d);
-    }
-}
-
-int gcd_st_read(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, double *out, char *err, size_t len) {
+const unsigned char *gcd_st_bytes(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, char *err, size_t len) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, f16_init);
     size_t es = gcd_dtype_size(t->dtype);
+    if (!es || at + count > t->n)
+        GCD_FATAL("gcd_st_bytes: elements [%llu, %llu) of %s (%s) are outside its %llu", (unsigned long long)at,
+                  (unsigned long long)(at + count), t->name, t->dtype_name, (unsigned long long)t->n);
     uint64_t off = f->data_start + t->begin + at * es;
-    if (at + count > t->n) GCD_FATAL("gcd_st_read: elements [%llu, %llu) of %s are outside its %llu", (unsigned long long)at,
-                                     (unsigned long long)(at + count), t->name, (unsigned long long)t->n);
-    if (f->map) {
-        convert(t->dtype, f->map + off, count, out);
-        return 0;
-    }
+    if (f->map) return f->map + off;
     static _Thread_local unsigned char *buf;
     static _Thread_local size_t cap;
     if (count * es > cap) {
@@ -395,10 +353,16 @@ int gcd_st_read(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_
         mallocCheck(buf);
     }
     size_t got;
-    if (pread_all(f->fd, buf, count * es, off, &got)) return fail(err, len, f->path, t->name, "read: %s", strerror(errno));
-    if (got < count * es) return fail(err, len, f->path, t->name, "the file shrank while being read");
-    convert(t->dtype, buf, count, out);
-    return 0;
+    if (pread_all(f->fd, buf, count * es, off, &got)) return fail(err, len, f->path, t->name, "read: %s", strerror(errno)), NULL;
+    if (got < count * es) return fail(err, len, f->path, t->name, "the file shrank while being read"), NULL;
+    return buf;
+}
+
+void gcd_st_release(const gcd_st_file *f, const gcd_st_tensor *t) {
+    if (!f->map) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)(f->map + f->data_start + t->begin), b = (uintptr_t)(f->map + f->data_start + t->end);
+    a = (a + page - 1) & ~(page - 1), b &= ~(page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);   // shared file pages: unmapped here, kept in the page cache
 }
 
 // ----------------------------------------------------------------------------

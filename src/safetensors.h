@@ -54,9 +54,14 @@ int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len);
 const char *gcd_st_meta(const gcd_st_file *f, const char *key);
 // A tensor by name, or NULL.
 const gcd_st_tensor *gcd_st_find(const gcd_st_file *f, const char *name);
-// count elements of t from element `at` converted to float64 into out. Returns 0, or -1 with err set
-// when the file shrank or a read failed (mapped files: a SIGBUS is caught, see gcd_st_guard).
-int gcd_st_read(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, double *out, char *err, size_t len);
+// The raw little-endian bytes of count elements of t from element `at` (t's dtype must be readable):
+// a pointer into the mapped file, or into a per-thread buffer filled by pread (valid until the next
+// call). NULL with err set when the file shrank or a read failed; a mapped file that shrinks raises
+// SIGBUS instead (see gcd_st_jmp).
+const unsigned char *gcd_st_bytes(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, char *err, size_t len);
+// Done with t: its mapped pages leave this process's resident set (they stay in the page cache).
+void gcd_st_release(const gcd_st_file *f, const gcd_st_tensor *t);
+extern float gcd_f16_table[65536];   // F16 bits -> float, filled by the first gcd_st_bytes
 // Has the file changed since it was opened (size, inode, mtime)? Returns 0, or -1 with err set.
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len);
 void gcd_st_close(gcd_st_file *f);

@@ -7,6 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// the hot loops, built twice on x86-64 with GCC: AVX2 where the CPU has it (chosen at load time),
+// the baseline otherwise
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GCD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GCD_CLONES
+#endif
+
 // ----------------------------------------------------------------------------
 // fatal errors: print "rank R: message (file:line)", run the hook (rank 0 writes its error report),
 // then stop every rank through the abort function (MPI_Abort) or exit(3)

@@ -19,41 +19,34 @@ void gcd_sums_init(gcd_sums *s, int has_ref) {
     s->has_ref = has_ref;
 }
 
-void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at) {
-    double gg = 0, gr = 0, rr = 0, dd = 0;
-    long bad = 0, nz = 0;
+GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at) {
+    double gg = 0, gr = 0, rr = 0, dd = 0, ga = 0;   // ga = sum |g|: zero exactly when g is (no underflow)
     if (r) {
-#pragma omp simd reduction(+ : gg, gr, rr, dd, bad, nz)
+#pragma omp simd reduction(+ : gg, gr, rr, dd, ga)
         for (size_t i = 0; i < n; i++) {
             double x = g[i], y = r[i], d = x - y;
-            bad += !(x - x == 0);   // NaN and infinities
-            nz += x != 0;
-            gg += x * x, gr += x * y, rr += y * y, dd += d * d;
+            gg += x * x, gr += x * y, rr += y * y, dd += d * d, ga += fabs(x);
         }
     } else {
-#pragma omp simd reduction(+ : gg, bad, nz)
-        for (size_t i = 0; i < n; i++) {
-            double x = g[i];
-            bad += !(x - x == 0);
-            nz += x != 0;
-            gg += x * x;
-        }
+#pragma omp simd reduction(+ : gg, ga)
+        for (size_t i = 0; i < n; i++) gg += g[i] * g[i], ga += fabs(g[i]);
     }
-    if (bad) {   // rare: the sums over the finite values only, and where the first bad one is
-        gg = gr = rr = dd = 0, nz = 0;
+    long bad = 0;
+    if (!isfinite(gg + ga)) {   // rare: a NaN or infinity (or a square beyond 1e308): finite values only
+        gg = gr = rr = dd = ga = 0;
         for (size_t i = 0; i < n; i++) {
             double x = g[i], y = r ? r[i] : 0;
             if (!isfinite(x)) {
                 if (s->first_nonfinite < 0) s->first_nonfinite = (long)(at + i);
+                bad++;
                 continue;
             }
-            nz += x != 0;
-            gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y);
+            gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y), ga += fabs(x);
         }
     }
     s->gg += gg, s->gr += gr, s->rr += rr, s->dd += dd;
     s->nonfinite += bad;
-    s->allzero &= nz == 0;
+    s->allzero &= ga == 0;
 }
 
 int gcd_sums_need_resid(const gcd_sums *s, double tol) {
@@ -61,7 +54,7 @@ int gcd_sums_need_resid(const gcd_sums *s, double tol) {
 }
 
 // g = c r + e with e orthogonal to r: ||e|| summed directly (gg - gr^2/rr cancels)
-void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, size_t n) {
+GCD_CLONES void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, size_t n) {
     double c = s->gr / s->rr, ee = 0;
 #pragma omp simd reduction(+ : ee)
     for (size_t i = 0; i < n; i++) ee += (g[i] - c * r[i]) * (g[i] - c * r[i]);
