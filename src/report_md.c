@@ -53,19 +53,34 @@ char *gcd_render_md(const cJSON *doc) {
     title(&b, doc);
     gcd_sb_printf(&b, "**Result: %s** (exit %d)\n\n## Environment\n\n| | |\n|---|---|\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
     gcd_sb_printf(&b, "| tool | gradcheck-dist %s |\n", gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"));
-    gcd_sb_printf(&b, "| backend | %s |\n| world | %d |\n", gcd_jstr(env, "backend"), (int)gcd_jnum(env, "world"));
-    gcd_sb_printf(&b, "| hosts |");
-    const cJSON *h;
-    int i = 0;
-    cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "hostnames")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
-    gcd_sb_printf(&b, " |\n| devices |");
-    i = 0;
-    cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "devices")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
-    gcd_sb_printf(&b, "%s |\n", i ? "" : " -");
-    gcd_sb_printf(&b, "| MPI | %s |\n| NCCL | %s |\n| CUDA | %s |\n", or_dash(gcd_jstr(env, "mpi_version")), or_dash(gcd_jstr(env, "nccl_version")),
-                  or_dash(gcd_jstr(env, "cuda_version")));
-    gcd_sb_printf(&b, "| precision, tolerance | %s, %g |\n| started | %s |\n| wall (ranks, after launch) | %.3g s |\n\n", gcd_jstr(env, "precision"),
-                  gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"), gcd_jnum(env, "wall_seconds"));
+    const cJSON *r0 = cJSON_GetArrayItem(runs, 0);
+    if (!strcmp(gcd_jstr(r0, "probe"), "check")) {   // the user's dumps: where they came from
+        const cJSON *d, *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference");
+        gcd_sb_printf(&b, "| dumps | %d, stage %s:", (int)gcd_jnum(env, "world"), gcd_jstr(r0, "stage"));
+        int i = 0;
+        cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r0, "dumps")) {
+            if (i++ < 4) gcd_sb_printf(&b, " `%s`", gcd_jstr(d, "path"));
+        }
+        gcd_sb_printf(&b, "%s |\n| reference | %s%s%s |\n", i > 4 ? " ..." : "", cJSON_IsObject(ref) ? "`" : "",
+                      cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none", cJSON_IsObject(ref) ? "`" : "");
+        gcd_sb_printf(&b, "| python, torch, lightning | %s, %s, %s |\n", or_dash(gcd_jstr(env, "python_version")),
+                      or_dash(gcd_jstr(env, "torch_version")), or_dash(gcd_jstr(env, "lightning_version")));
+        gcd_sb_printf(&b, "| tolerance | %g (relative) |\n| started | %s |\n\n", gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"));
+    } else {
+        gcd_sb_printf(&b, "| backend | %s |\n| world | %d |\n", gcd_jstr(env, "backend"), (int)gcd_jnum(env, "world"));
+        gcd_sb_printf(&b, "| hosts |");
+        const cJSON *h;
+        int i = 0;
+        cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "hostnames")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
+        gcd_sb_printf(&b, " |\n| devices |");
+        i = 0;
+        cJSON_ArrayForEach(h, cJSON_GetObjectItemCaseSensitive(env, "devices")) gcd_sb_printf(&b, "%s%s", i++ ? ", " : " ", cJSON_IsString(h) ? h->valuestring : "?");
+        gcd_sb_printf(&b, "%s |\n", i ? "" : " -");
+        gcd_sb_printf(&b, "| MPI | %s |\n| NCCL | %s |\n| CUDA | %s |\n", or_dash(gcd_jstr(env, "mpi_version")), or_dash(gcd_jstr(env, "nccl_version")),
+                      or_dash(gcd_jstr(env, "cuda_version")));
+        gcd_sb_printf(&b, "| precision, tolerance | %s, %g |\n| started | %s |\n| wall (ranks, after launch) | %.3g s |\n\n", gcd_jstr(env, "precision"),
+                      gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"), gcd_jnum(env, "wall_seconds"));
+    }
 
     gcd_sb_printf(&b, "## Findings\n\n");
     const cJSON *run, *f;
@@ -88,7 +103,7 @@ char *gcd_render_md(const cJSON *doc) {
     for (int g = 0; g < ng; g++) {
         const cJSON *cols[MAX_RUNS] = { 0 };
         int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
-        char t[160], c[64], shp[32];
+        char t[160], c[64], shp[96];
         gcd_sb_printf(&b, "### %s\n\n| parameter | shape |", gcd_run_title(cols[0], t, sizeof t));
         for (int k = 0; k < ncol; k++) gcd_sb_printf(&b, " %s (%s) |", gcd_jstr(cols[k], "mode"), gcd_jstr(cols[k], "role"));
         gcd_sb_printf(&b, "\n|---|---|");
@@ -112,7 +127,9 @@ char *gcd_render_md(const cJSON *doc) {
     gcd_sb_printf(&b, "## Reproduce\n\n");
     command(&b, doc);
     char *json = cJSON_Print(doc);
-    gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n```json\n%s\n```\n\n</details>\n", json ? json : "(out of memory)");
+    if (json && strlen(json) > 40000)   // a ticket body holds 65536 characters: the report goes as an attachment
+        gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\nThe JSON report is %zu bytes, too long for a ticket: attach the file.\n\n</details>\n", strlen(json));
+    else gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n```json\n%s\n```\n\n</details>\n", json ? json : "(out of memory)");
     free(json);
     return b.s;
 }
