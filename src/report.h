@@ -32,6 +32,8 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
 void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
+// The document as JSON text (malloc'd): each double in the shortest form that reads back exactly.
+char *gcd_json_print(const cJSON *doc);
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
 // Parses and checks a report; NULL with a one-line reason in err.

@@ -224,11 +224,69 @@ void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_r
 }
 
 // ----------------------------------------------------------------------------
+// printing: every double in its shortest form that reads back bit-exact (cJSON_Print stops at 15
+// digits when that is "close enough"); arrays of plain values on one line
+
+static void print_num(gcd_sb *b, double v) {
+    char buf[32];
+    if (!isfinite(v)) return gcd_sb_printf(b, "null");   // the builders never store these as numbers
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    gcd_sb_printf(b, "%s", buf);
+}
+
+static void print_str(gcd_sb *b, const char *s) {
+    gcd_sb_append(b, "\"", 1);
+    for (const char *p = s; *p; p++) {
+        size_t k = strcspn(p, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f");
+        gcd_sb_append(b, p, k);
+        p += k;
+        if (!*p) break;
+        if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
+        else if (*p == '\n') gcd_sb_printf(b, "\\n");
+        else if (*p == '\t') gcd_sb_printf(b, "\\t");
+        else gcd_sb_printf(b, "\\u%04x", (unsigned char)*p);
+    }
+    gcd_sb_append(b, "\"", 1);
+}
+
+static void print_value(gcd_sb *b, const cJSON *v, int depth) {
+    if (cJSON_IsNull(v) || cJSON_IsInvalid(v)) gcd_sb_printf(b, "null");
+    else if (cJSON_IsTrue(v)) gcd_sb_printf(b, "true");
+    else if (cJSON_IsFalse(v)) gcd_sb_printf(b, "false");
+    else if (cJSON_IsNumber(v)) print_num(b, v->valuedouble);
+    else if (cJSON_IsString(v)) print_str(b, v->valuestring);
+    else if (cJSON_IsRaw(v)) gcd_sb_printf(b, "%s", v->valuestring);
+    else {
+        int object = cJSON_IsObject(v), flat = !object;
+        const cJSON *c;
+        cJSON_ArrayForEach(c, v) flat &= !cJSON_IsArray(c) && !cJSON_IsObject(c);
+        gcd_sb_printf(b, "%c", object ? '{' : '[');
+        int i = 0;
+        cJSON_ArrayForEach(c, v) {
+            if (flat) gcd_sb_printf(b, "%s", i++ ? ", " : "");
+            else gcd_sb_printf(b, "%s\n%*s", i++ ? "," : "", 2 * (depth + 1), "");
+            if (object) print_str(b, c->string), gcd_sb_printf(b, ": ");
+            print_value(b, c, depth + 1);
+        }
+        if (!flat && i) gcd_sb_printf(b, "\n%*s", 2 * depth, "");
+        gcd_sb_printf(b, "%c", object ? '}' : ']');
+    }
+}
+
+char *gcd_json_print(const cJSON *doc) {
+    gcd_sb b = { 0 };
+    print_value(&b, doc, 0);
+    return b.s;
+}
+
+// ----------------------------------------------------------------------------
 // writing: whole or not at all
 
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
-    char *text = cJSON_Print(doc);
-    if (!text) return snprintf(err, len, "report: cJSON_Print: out of memory"), -1;
+    char *text = gcd_json_print(doc);
     if (!strcmp(path, "-")) {
         int ok = fputs(text, stdout) >= 0 && fputc('\n', stdout) != EOF && fflush(stdout) == 0;
         free(text);

@@ -126,7 +126,7 @@ char *gcd_render_md(const cJSON *doc) {
     }
     gcd_sb_printf(&b, "## Reproduce\n\n");
     command(&b, doc);
-    char *json = cJSON_Print(doc);
+    char *json = gcd_json_print(doc);
     if (json && strlen(json) > 40000)   // a ticket body holds 65536 characters: the report goes as an attachment
         gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\nThe JSON report is %zu bytes, too long for a ticket: attach the file.\n\n</details>\n", strlen(json));
     else gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n```json\n%s\n```\n\n</details>\n", json ? json : "(out of memory)");

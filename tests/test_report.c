@@ -167,8 +167,30 @@ static void bad_reports_should_be_rejected(void) {
     cJSON_Delete(doc);
 }
 
+// every double written reads back bit-exact: values that need 16 and 17 significant digits
+static void numbers_should_round_trip_exactly(void) {
+    const double v[] = { 0.5406103730201721, 0.1 + 0.2, 1.0 / 3, 2.0 / 3, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                         -0.0, 123456789012345678.0, 0.1, 1e-9, 9007199254740993.0, -1.0000000000000002 };
+    size_t n = sizeof v / sizeof v[0];
+    cJSON *doc = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(doc, "v");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    char *text = gcd_json_print(doc);
+    cJSON *back = cJSON_Parse(text);
+    CHECK(back != NULL, "gcd_json_print wrote invalid JSON: %s", text);
+    const cJSON *b = cJSON_GetObjectItem(back, "v");
+    for (size_t i = 0; back && i < n; i++) {
+        double x = cJSON_GetArrayItem(b, (int)i)->valuedouble;
+        CHECK(memcmp(&x, &v[i], sizeof x) == 0, "%.17g read back as %.17g from %s", v[i], x, text);
+    }
+    CHECK(strstr(text, "0.5406103730201721") && strstr(text, "0.30000000000000004") && strstr(text, "[0.5"), "not the shortest exact form: %s", text);
+    free(text);
+    cJSON_Delete(back);
+    cJSON_Delete(doc);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+    numbers_should_round_trip_exactly();
     nonfinite_should_be_strings();
     killed_writer_should_leave_no_half_report();
     bad_reports_should_be_rejected();
