@@ -127,6 +127,34 @@ static int parse_modes(const char *v, options *o) {
     return o->nmode ? 0 : bad("--mode", "no mode in '%s'", v);
 }
 
+// Checked before any work: the report's directory must exist and take files, and the path must not be
+// a directory. NULL: the default, reports/ here.
+static int report_path_ok(const char *path) {
+    if (!path) {
+        const char *dir = access("reports", F_OK) == 0 ? "reports" : ".";
+        if (access(dir, W_OK | X_OK) == 0) return 0;
+        char msg[PATH_MAX + 96];
+        snprintf(msg, sizeof msg, "the default report goes into %s/, which cannot be written here: %s (give --json PATH or --no-json)",
+                 strcmp(dir, ".") ? dir : "reports", strerror(errno));
+        return bad("--json", "%s", msg);
+    }
+    if (!strcmp(path, "-")) return 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad("--json", "'%s' is a directory", path);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (access(dir, W_OK | X_OK)) {
+        char msg[PATH_MAX + 64];
+        snprintf(msg, sizeof msg, "cannot write into '%s': %s", dir, strerror(errno));
+        return bad("--json", "%s", msg);
+    }
+    return 0;
+}
+
 static int parse_run(int argc, char **argv, options *o) {
     *o = (options){ .probe = "all", .lr = 0.1, .backend = "mpi" };
     o->cfg = (gcd_probe_cfg){ .seed = 42, .batch = 4, .dim_img = 8, .dim_txt = 6, .dim_emb = 4 };
@@ -182,6 +210,7 @@ static int parse_run(int argc, char **argv, options *o) {
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
+    if (!o->no_json && report_path_ok(o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
     return 0;
 }
@@ -203,6 +232,32 @@ static int nccl_precheck(const options *o, int world) {
     return 0;
 }
 
+// Physical cores: Open MPI counts its default slots by cores, not hardware threads.
+static long physical_cores(void) {
+    long n = 0, cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    char seen[4096] = { 0 };
+    for (long c = 0; c < cpus && c < 4096; c++) {
+        char path[128];
+        int core = -1, pkg = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/core_id", c);
+        FILE *f = fopen(path, "r");
+        if (!f || fscanf(f, "%d", &core) != 1) core = -1;
+        if (f) fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/physical_package_id", c);
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%d", &pkg) != 1) pkg = 0;
+            fclose(f);
+        }
+        if (core < 0) return cpus;   // no topology: count what runs
+        int id = (pkg * 1024 + core) % 4096;
+        n += !seen[id];
+        seen[id] = 1;
+    }
+    return n > 0 ? n : cpus;
+}
+
+// The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
+// status: mpirun exiting with 1 because a launch failed is not a gradient finding.
 static int launch(const options *o, int argc, char **argv) {
     int world = o->world ? o->world : 2;
     if (!strcmp(o->backend, "nccl")) {
@@ -213,24 +268,28 @@ static int launch(const options *o, int argc, char **argv) {
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
     exe[k] = 0;
+    const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char dir[PATH_MAX], result[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/gradcheck-dist.XXXXXX", tmpdir);
+    if (!mkdtemp(dir)) return fprintf(stderr, "gradcheck-dist: mkdtemp %s: %s\n", dir, strerror(errno)), 3;
+    snprintf(result, sizeof result, "%s/result", dir);
+    setenv("GCD_RESULT_FILE", result, 1);
     char np[16];
     snprintf(np, sizeof np, "%d", world);
     char **av = calloc((size_t)argc + 16, sizeof *av);
     mallocCheck(av);
     int n = 0;
     av[n++] = "mpirun";
-    av[n++] = "-q";   // our own messages name the rank; mpirun's banner about exit codes adds nothing
     av[n++] = "-np";
     av[n++] = np;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!o->hostfile && world > cores) av[n++] = "--oversubscribe";
+    if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
-    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile, av[n++] = "-x", av[n++] = "GCD_RESULT_FILE";
     av[n++] = exe;
     for (int i = 1; i < argc; i++) av[n++] = argv[i];
     fflush(NULL);
     pid_t pid = fork();
-    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), 3;
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), rmdir(dir), 3;
     if (pid == 0) {
         execvp(av[0], av);
         fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
@@ -240,10 +299,26 @@ static int launch(const options *o, int argc, char **argv) {
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
-    if (WIFEXITED(status) && WEXITSTATUS(status) <= 3) return WEXITSTATUS(status);
-    if (WIFEXITED(status) && WEXITSTATUS(status) != 127)
-        fprintf(stderr, "gradcheck-dist: the MPI job failed (mpirun exited with %d)\n", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status)) fprintf(stderr, "gradcheck-dist: mpirun was killed by signal %d\n", WTERMSIG(status));
+    int code = -1;
+    FILE *f = fopen(result, "r");
+    if (f) {
+        if (fscanf(f, "%d", &code) != 1 || code < 0 || code > 3) code = -1;
+        fclose(f);
+        unlink(result);
+    }
+    rmdir(dir);
+    char how[64];
+    if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
+    else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && code < 0) return 3;   // mpirun itself could not start: said above
+    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return code;
+    if (code >= 0) {
+        fprintf(stderr, "gradcheck-dist: rank 0 gave exit %d, but the MPI job then failed (%s)\n", code, how);
+        return 3;
+    }
+    fprintf(stderr, "gradcheck-dist: the MPI job ended before rank 0 gave its verdict (%s)%s\n", how,
+            o->hostfile ? "; with --hostfile, rank 0 must run on this host (list it first) and the hosts must give --world slots"
+                        : "; mpirun's message above says why");
     return 3;
 }
 
@@ -329,6 +404,21 @@ static int expect(cJSON *doc, const gcd_run_result *res, int test) {
     return met;
 }
 
+// Under the launcher rank 0 writes the final code where the launcher reads it, and every rank exits 0,
+// so mpirun's status says only whether the job itself ran.
+static int rank_exit(int root, int code) {
+    const char *result = getenv("GCD_RESULT_FILE");
+    if (!result) return code;
+    if (root) {
+        FILE *f = fopen(result, "w");
+        if (!f || fprintf(f, "%d\n", code) < 0 || fclose(f)) {
+            fprintf(stderr, "gradcheck-dist: cannot hand the result to the launcher (%s): %s\n", result, strerror(errno));
+            return 3;
+        }
+    }
+    return 0;
+}
+
 static int run_rank(const options *o, int argc, char **argv) {
     char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
     for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
@@ -338,7 +428,7 @@ static int run_rank(const options *o, int argc, char **argv) {
     if (o->world && o->world != comm->world) {
         if (root) fprintf(stderr, "gradcheck-dist: --world: %d, but this MPI job has %d ranks\n", o->world, comm->world);
         gcd_mpi_finalize();
-        return 2;
+        return rank_exit(root, 2);
     }
     if (!strcmp(o->backend, "nccl")) {
         char why[512] = "";
@@ -346,7 +436,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         if (!nccl) {
             if (root) fprintf(stderr, "gradcheck-dist: --backend nccl: %s; use --backend mpi\n", why);
             gcd_mpi_finalize();
-            return 2;
+            return rank_exit(root, 2);
         }
         comm = nccl;
     }
@@ -357,7 +447,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         job.doc = gcd_report_new(argc, args, &env);
         if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
         else if (!o->no_json) default_report_path(job.path, sizeof job.path);
-        gcd_fatal_setup(0, NULL, write_error_report);
+        gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
     }
 
     int all_met = 1;
@@ -379,20 +469,23 @@ static int run_rank(const options *o, int argc, char **argv) {
     }
 
     int code = all_met ? 0 : 1;
-    if (root) {
+    if (root) {   // the report first, so that the text says the code the process returns
         gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
+        char err[512];
+        if (job.path[0] && gcd_report_write(job.doc, job.path, err, sizeof err)) {
+            fprintf(stderr, "gradcheck-dist: %s\n", err);
+            code = 3;
+            gcd_report_finish(job.doc, code, err, 0, now() - job.t0);
+            job.path[0] = 0;
+        }
         char *text = gcd_render_text(job.doc);
         FILE *out = o->json && !strcmp(o->json, "-") ? stderr : stdout;
         fputs(text, out);
         free(text);
-        char err[512];
-        if (job.path[0]) {
-            if (gcd_report_write(job.doc, job.path, err, sizeof err)) {
-                fprintf(stderr, "gradcheck-dist: %s\n", err);
-                code = 3;
-            } else if (strcmp(job.path, "-")) {
-                fprintf(out, "report: %s\n", job.path);
-            }
+        if (job.path[0] && strcmp(job.path, "-")) fprintf(out, "report: %s\n", job.path);
+        if (fflush(out) || ferror(out)) {
+            fprintf(stderr, "gradcheck-dist: writing the table: %s\n", strerror(errno));
+            code = 3;
         }
         fflush(NULL);
         cJSON_Delete(job.doc);
@@ -405,30 +498,11 @@ static int run_rank(const options *o, int argc, char **argv) {
     gcd_mpi_finalize();
     for (int i = 0; i < argc; i++) free(args[i]);
     free(args);
-    return code;
+    return rank_exit(root, code);
 }
 
 // ----------------------------------------------------------------------------
 // check DUMP... [--ref REF]: the user's own gradients
-
-// the report's directory must exist and take files, and the path must not be a directory
-static int report_path_ok(const char *path) {
-    if (!path || !strcmp(path, "-")) return 0;
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad("--json", "'%s' is a directory", path);
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = 0;
-    else *slash = 0;
-    if (access(dir, W_OK | X_OK)) {
-        char msg[PATH_MAX + 64];
-        snprintf(msg, sizeof msg, "cannot write into '%s': %s", dir, strerror(errno));
-        return bad("--json", "%s", msg);
-    }
-    return 0;
-}
 
 static int check_main(int argc, char **argv) {
     const char **dumps = gcd_malloc((size_t)argc * sizeof *dumps), **ignore = gcd_malloc((size_t)argc * sizeof *ignore);
@@ -461,7 +535,7 @@ static int check_main(int argc, char **argv) {
     }
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
-    if (!rc) rc = report_path_ok(json);
+    if (!rc && !no_json) rc = report_path_ok(json);
     if (rc) { free(dumps), free(ignore); return rc; }
 
     double t0 = now();

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,12 +286,40 @@ char *gcd_json_print(const cJSON *doc) {
 // ----------------------------------------------------------------------------
 // writing: whole or not at all
 
+// Straight into what is at path: a device, a FIFO, stdout. ENOSPC and short writes are errors.
+static int write_direct(const char *text, const char *path, char *err, size_t len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
+    int saved = errno;
+    if (f && f != stdout) ok &= fclose(f) == 0;
+    if (!ok) snprintf(err, len, "report: cannot write %s: %s", strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
+    return ok ? 0 : -1;
+}
+
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
     char *text = gcd_json_print(doc);
-    if (!strcmp(path, "-")) {
-        int ok = fputs(text, stdout) >= 0 && fputc('\n', stdout) != EOF && fflush(stdout) == 0;
-        free(text);
-        return ok ? 0 : (snprintf(err, len, "report: writing to stdout: %s", strerror(errno)), -1);
+    struct stat st;
+    char *real = NULL;
+    if (strcmp(path, "-") && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   // a link: its target is what is replaced
+        real = realpath(path, NULL);
+        if (!real && errno == ENOENT) {   // dangling: the target is created, in its own directory
+            char target[PATH_MAX];
+            ssize_t k = readlink(path, target, sizeof target - 1);
+            if (k > 0) {
+                target[k] = 0;
+                if (target[0] == '/' || !strchr(path, '/')) real = gcd_strdup(target);
+                else {
+                    real = gcd_malloc(strlen(path) + (size_t)k + 2);
+                    sprintf(real, "%.*s/%s", (int)(strrchr(path, '/') - path), path, target);
+                }
+            }
+        }
+        if (real) path = real;
+    }
+    if (!strcmp(path, "-") || (stat(path, &st) == 0 && !S_ISREG(st.st_mode))) {   // never renamed over, never removed
+        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "report: %s is a directory", path), -1) : write_direct(text, path, err, len);
+        free(text), free(real);
+        return rc;
     }
     char *tmp = malloc(strlen(path) + 16);
     mallocCheck(tmp);
@@ -301,14 +330,15 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
     int saved = errno;
     if (f) ok &= fclose(f) == 0;
     else if (fd >= 0) close(fd);
-    if (ok) chmod(tmp, 0644);   // mkstemp makes 0600
+    mode_t mask = umask(0);
+    umask(mask);
+    if (ok) chmod(tmp, 0666 & ~mask);   // mkstemp makes 0600; a report is as any new file here
     if (ok && rename(tmp, path) != 0) ok = 0, saved = errno;
     if (!ok) {
         snprintf(err, len, "report: cannot write %s: %s", path, strerror(saved ? saved : EIO));
         if (fd >= 0) unlink(tmp);
     }
-    free(tmp);
-    free(text);
+    free(tmp), free(text), free(real);
     return ok ? 0 : -1;
 }
 

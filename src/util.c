@@ -19,6 +19,8 @@ void gcd_fatal_setup(int rank, void (*abort_job)(int code), void (*hook)(const c
     fatal_hook = hook;
 }
 
+void gcd_fatal_hook(void (*hook)(const char *message)) { fatal_hook = hook; }
+
 void gcd_fatal_at(const char *file, int line, const char *fmt, ...) {
     char msg[1024];
     va_list ap;

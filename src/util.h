@@ -21,6 +21,7 @@
 
 void gcd_fatal_at(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
 void gcd_fatal_setup(int rank, void (*abort_job)(int code), void (*hook)(const char *message));
+void gcd_fatal_hook(void (*hook)(const char *message));   // keeps the rank and the abort function
 #define GCD_FATAL(...) gcd_fatal_at(__FILE__, __LINE__, __VA_ARGS__)
 #define mallocCheck(p) do { if (!(p)) GCD_FATAL("out of memory"); } while (0)
 void *gcd_malloc(size_t bytes);   // zeroed; fatal on failure

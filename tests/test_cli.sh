@@ -144,6 +144,33 @@ PY
     ls err1.json.tmp.* >/dev/null 2>&1 && fail "a temporary report was left behind"
 fi
 
+# ---- launch and runtime failures are never findings: exit 3, with what mpirun said
+printf 'localhost slots=1\n' >few.hosts
+out=$("$G" run --world 3 --hostfile few.hosts --no-json 2>&1) && rc=0 || rc=$?
+[ $rc = 3 ] || fail "a hostfile with too few slots exited $rc, expected 3: $out"
+grep -q "not enough slots" <<<"$out" || fail "mpirun's own message must be shown: $out"
+grep -q "before rank 0 gave its verdict" <<<"$out" || fail "the launcher must say the job ended without a verdict: $out"
+usage_error --json run --json /nonexistent/x.json
+usage_error --json run --json .
+[ ! -e /nonexistent ] || fail "a usage error created /nonexistent"
+# the code the text prints is the code the process returns, and a device is written, never replaced
+"$G" run --world 2 --probe simplenet --mode on --json /dev/full >full.txt 2>&1
+rc=$?
+[ $rc = 3 ] || fail "--json /dev/full exited $rc, expected 3 (ENOSPC)"
+grep -q "^result: error (exit 3)$" full.txt || fail "the text must say exit 3: $(tail -3 full.txt)"
+[ -c /dev/full ] || fail "/dev/full is no longer a character device"
+"$G" run --world 2 --probe simplenet --mode on --json /dev/null >/dev/null 2>&1 || fail "--json /dev/null failed"
+[ -c /dev/null ] || fail "/dev/null is no longer a character device"
+"$G" run --world 2 --probe simplenet --mode off --no-json >off2.txt 2>&1
+rc=$?
+grep -q "^result: fail (exit $rc)$" off2.txt || fail "the text's exit code differs from the process's ($rc): $(tail -1 off2.txt)"
+# a fatal error on rank 0 ends every rank (MPI_Abort), even where mpirun would leave the others running
+if [ -n "$FAULT" ]; then
+    OMPI_MCA_orte_abort_on_non_zero_status=0 LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=0 timeout 60 "$G" run --world 2 --no-json >abort.txt 2>&1
+    rc=$?
+    [ $rc = 3 ] || fail "a fatal error on rank 0 with orte_abort_on_non_zero_status=0 exited $rc, expected 3 (124: the job hung)"
+fi
+
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     usage_error --backend run --backend nccl --world 1
