@@ -62,6 +62,7 @@ const gcd_probe gcd_probe_contrastive = {
     .name = "contrastive",
     .nfeat = 2,
     .feat_follows_mode = { 1, 1 },
+    .before_gather = 0xf,   // img.*, txt.*; logit_scale comes after
     .ninput = 2,
     .input_name = { "x_img", "x_txt" },
     .init = init,

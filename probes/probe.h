@@ -31,6 +31,7 @@ typedef struct gcd_probe {
     const char *name;
     int nfeat;                               // tensors each rank gathers
     int feat_follows_mode[GCD_MAX_FEATS];    // 1: gathered with the run's mode; 0: always with grad (on)
+    unsigned before_gather;                  // bit i: parameter i feeds a tensor gathered with the run's mode
     int ninput;
     const char *input_name[GCD_MAX_INPUTS];
     void (*init)(gcd_ctx *c, const gcd_probe_cfg *cfg, gcd_params *p);   // leaves with requires_grad

@@ -47,6 +47,7 @@ const gcd_probe gcd_probe_simplenet = {
     .name = "simplenet",
     .nfeat = 2,
     .feat_follows_mode = { 1, 0 },
+    .before_gather = 0x3,   // fc1.weight, fc1.bias
     .ninput = 2,
     .input_name = { "input1", "input2" },
     .init = init,

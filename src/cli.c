@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "comm.h"
+#include "expect.h"
 #include "report.h"
 #include "run.h"
 #include "verdict.h"
@@ -380,27 +381,27 @@ static void environment(gcd_comm *comm, gcd_env *env, int root) {
     strftime(env->start_time, sizeof env->start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
 }
 
-// Is this run what its role expects? Writes the expectation into the report; returns 1 when met.
-static int expect(cJSON *doc, const gcd_run_result *res, int test) {
-    char msg[900], what[96];
-    int found = gcd_run_has_finding(res), met;
+// Is this run what its role expects? Under test: no finding. A control: exactly its signature (expect.c),
+// never merely "some finding". Writes the expectation into the report; returns 1 when met.
+static int expect(cJSON *doc, const gcd_run_result *res, const gcd_probe *pr, int test) {
+    gcd_sb msg = { 0 }, why = { 0 };
     const char *first = "";
     for (int i = 0; i < res->nfinding; i++)
         if (res->finding[i].counts) { first = res->finding[i].message; break; }
-    snprintf(what, sizeof what, "%s%s mode %s", res->probe, res->cfg.local_loss ? " (local_loss)" : "", gcd_gather_mode_name(res->mode));
+    gcd_sb_printf(&msg, "%s%s mode %s (%s): ", res->probe, res->cfg.local_loss ? " (local_loss)" : "", gcd_gather_mode_name(res->mode),
+                  test ? "under test" : "control");
+    int met;
     if (test) {
-        met = !found;
-        if (met) snprintf(msg, sizeof msg, "%s (under test): no finding", what);
-        else snprintf(msg, sizeof msg, "%s (under test): %s", what, first);
-    } else if (res->world > 1) {
-        met = found;
-        if (met) snprintf(msg, sizeof msg, "%s (control): shows the defect, as it should", what);
-        else snprintf(msg, sizeof msg, "%s (control): no finding, but this convention should show one at world %d: the detector missed it", what, res->world);
+        met = !gcd_run_has_finding(res);
+        gcd_sb_printf(&msg, "%s", met ? "no finding" : first);
     } else {
-        met = !found;
-        snprintf(msg, sizeof msg, "%s (control): %s at world 1, as expected with no process group", what, met ? "clean" : "NOT clean");
+        met = gcd_signature_met(res, pr->before_gather, &why);
+        if (!met) gcd_sb_printf(&msg, "not this convention's signature at world %d: %s", res->world, why.s);
+        else if (gcd_run_has_finding(res)) gcd_sb_printf(&msg, "shows its defect, as it must: %s", first);
+        else gcd_sb_printf(&msg, "clean at world %d, as it must be (1/world = 1)", res->world);
     }
-    gcd_report_add_expectation(doc, res->probe, gcd_gather_mode_name(res->mode), test ? "test" : "control", met, msg);
+    gcd_report_add_expectation(doc, res->probe, gcd_gather_mode_name(res->mode), test ? "test" : "control", met, msg.s);
+    gcd_sb_free(&msg), gcd_sb_free(&why);
     return met;
 }
 
@@ -462,7 +463,7 @@ static int run_rank(const options *o, int argc, char **argv) {
             if (root) {
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
                 gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
-                all_met &= expect(job.doc, &res, test);
+                all_met &= expect(job.doc, &res, pr, test);
             }
             gcd_run_result_free(&res);
         }

@@ -4,15 +4,24 @@
 #include <string.h>
 
 static const char *mode_names[GCD_GATHER_COUNT] = { "off", "on", "local", "avg" };
-static const char *mode_library[GCD_GATHER_COUNT] = {
-    "Lightning all_gather(sync_grads=False)",
-    "Lightning sync_grads=True / torch.distributed.nn.functional.all_gather",
-    "open_clip gather_with_grad=False / torchmetrics gather_all_tensors",
-    "Horovod allgather",
+// Whose real code computes these numbers, per (mode, local loss): read from each library's source.
+static const char *mode_library[GCD_GATHER_COUNT][2] = {
+    { "Lightning all_gather(sync_grads=False), also in a one-rank process group; torchmetrics gather_all_tensors <= 1.5",
+      "open_clip gather_features(local_loss=True, gather_with_grad=False); Lightning all_gather(sync_grads=False)" },
+    { "Lightning all_gather(sync_grads=True) = torch.distributed.nn.functional.all_gather; open_clip gather_with_grad=True; "
+      "lightly GatherLayer",
+      "open_clip gather_features(local_loss=True, gather_with_grad=True); torch.distributed.nn.functional.all_gather" },
+    { "open_clip gather_features(gather_with_grad=False) without local_loss; torchmetrics gather_all_tensors >= 1.6",
+      "torchmetrics gather_all_tensors >= 1.6 (own slot put back) under a local loss; not open_clip, which puts no slot back with "
+      "local_loss" },
+    { "Horovod allgather (backward averages over ranks); open_clip use_horovod=True, gather_with_grad=True",
+      "Horovod allgather under a local loss; open_clip use_horovod=True, gather_with_grad=True, local_loss=True" },
 };
 
 const char *gcd_gather_mode_name(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_names[mode] : "?"; }
-const char *gcd_gather_mode_library(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_library[mode] : "?"; }
+const char *gcd_gather_mode_library(int mode, int local_loss) {
+    return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_library[mode][local_loss != 0] : "?";
+}
 
 int gcd_gather_mode_parse(const char *s) {
     for (int m = 0; m < GCD_GATHER_COUNT; m++)
@@ -43,7 +52,6 @@ gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather
     int shape[GCD_MAX_DIM] = { gcd_rows(x) * comm->world, x->ndim == 2 ? x->shape[1] : 0 };
     gcd_tensor *out = gcd_tensor_new(c, x->ndim ? x->ndim : 1, shape);
     comm->all_gather(comm, x->data, out->data, x->n);
-    if (comm->world == 1) mode = GCD_GATHER_ON;   // no process group: the tensor itself comes back
     if (mode == GCD_GATHER_OFF) return out;       // under no_grad: no node, no graph
     gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);
     if (nd) { nd->comm = comm; nd->mode = mode; }
@@ -72,6 +80,9 @@ static void backward_avg(gcd_ctx *c, gcd_comm *comm, const double *dout, size_t 
     comm->all_reduce(comm, buf, (size_t)comm->world * (n + 1));
     const double *own = buf + (size_t)comm->rank * (n + 1);
     for (size_t i = 0; i < n; i++) g[i] = own[i] / comm->world;
+#ifdef GCD_TEST_WRONG_AVG   // built only into tests/test_expect: a wrong backward, which its control must not pass
+    for (size_t i = 0; i < n; i++) g[i] *= -7;
+#endif
     g[n] = own[n];
 }
 

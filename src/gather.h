@@ -6,8 +6,8 @@
  *   on    Lightning sync_grads=True / torch.distributed.nn.functional.all_gather: reduce_scatter SUM
  *   local open_clip gather_with_grad=False, torchmetrics: own slot put back, only its own gradient
  *   avg   Horovod allgather: all_reduce AVERAGE of the incoming gradient, then the own slot
- * With world 1 there is no process group: Lightning returns the tensor itself, graph and all, and so
- * does every mode here.
+ * Under MPI there is always a process group, also of one rank: there Lightning's sync_grads=False still
+ * detaches (it skips the gather only without any process group), and the other modes are exact.
  */
 #pragma once
 #include "autograd.h"
@@ -16,7 +16,7 @@
 typedef enum { GCD_GATHER_OFF, GCD_GATHER_ON, GCD_GATHER_LOCAL, GCD_GATHER_AVG, GCD_GATHER_COUNT } gcd_gather_mode;
 
 const char *gcd_gather_mode_name(int mode);      // "off", "on", "local", "avg"
-const char *gcd_gather_mode_library(int mode);   // what the mode models, in words
+const char *gcd_gather_mode_library(int mode, int local_loss);   // whose real code it is, in words
 int gcd_gather_mode_parse(const char *s);        // -1 when unknown
 
 gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode);

@@ -177,7 +177,7 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
     cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
     put(r, "probe", cJSON_CreateString(res->probe));
     put(r, "mode", cJSON_CreateString(gcd_gather_mode_name(res->mode)));
-    put(r, "library", cJSON_CreateString(gcd_gather_mode_library(res->mode)));
+    put(r, "library", cJSON_CreateString(gcd_gather_mode_library(res->mode, res->cfg.local_loss)));
     put(r, "role", cJSON_CreateString(role));
     put(r, "world", cJSON_CreateNumber(res->world));
     put(r, "local_loss", cJSON_CreateBool(res->cfg.local_loss));

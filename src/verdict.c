@@ -352,8 +352,8 @@ void gcd_verdict(gcd_run_result *res) {
         emit(res, "note", 0, &ids, &m);
     }
     if (res->world == 1 && !check) {
-        gcd_sb_printf(&m, "world 1: there is no process group, so the gather returns the tensor itself in every mode; "
-                          "the defect appears only with world > 1");
+        gcd_sb_printf(&m, "world 1: a one-rank process group still detaches under sync_grads=False; putting the own slot back "
+                          "and averaging are exact here (1/world = 1), so their defects appear only with world > 1");
         emit(res, "note", 0, NULL, &m);
     }
 }

@@ -42,7 +42,7 @@ static void gather_mode_should_route_gradients(gcd_comm *comm, int mode, unsigne
     for (int k = 0; k < W; k++) {
         if (!((grad_on >> k) & 1)) continue;
         fill(G, y->n, 2, k);
-        int counts = mode == GCD_GATHER_ON || mode == GCD_GATHER_AVG || W == 1 ? 1 : (mode == GCD_GATHER_LOCAL && k == R);
+        int counts = mode == GCD_GATHER_ON || mode == GCD_GATHER_AVG || (mode == GCD_GATHER_LOCAL && k == R);   // off: never, world 1 too
         if (!counts) continue;
         any = 1;
         for (int i = 0; i < B * D; i++) want[i] += G[R * B * D + i] / (mode == GCD_GATHER_AVG && W > 1 ? W : 1);

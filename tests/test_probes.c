@@ -8,6 +8,7 @@
 #include "check.h"
 #include "ops.h"
 #include "run.h"
+#include "expect.h"
 #include "verdict.h"
 
 // ----------------------------------------------------------------------------
@@ -73,11 +74,11 @@ static void statuses_should_match_convention(const gcd_run_result *res) {
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
         int enc = is_encoder(res->probe, p->name);
-        gcd_status want = GCD_ST_OK;
-        if (W > 1 && enc) {
-            if (res->cfg.local_loss) want = res->mode == GCD_GATHER_ON ? GCD_ST_OK : GCD_ST_MISMATCH;
+        gcd_status want = GCD_ST_OK;   // world 1 is a one-rank process group: off still detaches, the rest are exact
+        if (enc && res->mode != GCD_GATHER_ON && (W > 1 || res->mode == GCD_GATHER_OFF)) {
+            if (res->cfg.local_loss) want = GCD_ST_MISMATCH;
             else if (res->mode == GCD_GATHER_OFF) want = GCD_ST_NONE;
-            else if (res->mode != GCD_GATHER_ON) want = GCD_ST_SCALED;
+            else want = GCD_ST_SCALED;
         }
         CHECK(p->status == want, "%s%s world %d mode %s: %s is %s, expected %s (rel err %.3g, scale %.6g)", res->probe,
               res->cfg.local_loss ? " local_loss" : "", W, m, p->name, gcd_status_str(p->status), gcd_status_str(want), p->rel_err, p->scale);
@@ -86,10 +87,10 @@ static void statuses_should_match_convention(const gcd_run_result *res) {
         if (want == GCD_ST_NONE) CHECK(p->nhave == 0 && !p->reduced, "%s: %s none but %d ranks had a gradient", res->probe, p->name, p->nhave);
         if (want != GCD_ST_NONE) CHECK(p->nhave == W, "%s: %s has a gradient on %d of %d ranks", res->probe, p->name, p->nhave, W);
     }
-    CHECK(gcd_run_has_finding(res) == (W > 1 && res->mode != GCD_GATHER_ON), "%s world %d mode %s: has_finding %d", res->probe, W, m,
-          gcd_run_has_finding(res));
-    if (W == 1) CHECK(has_finding(res, "note", "world 1"), "world 1 must say the defect needs world > 1");
-    if (W > 1 && !strcmp(res->probe, "contrastive") && !res->cfg.local_loss && res->mode == GCD_GATHER_OFF)
+    int found = res->mode != GCD_GATHER_ON && (W > 1 || res->mode == GCD_GATHER_OFF);
+    CHECK(gcd_run_has_finding(res) == found, "%s world %d mode %s: has_finding %d", res->probe, W, m, gcd_run_has_finding(res));
+    if (W == 1) CHECK(has_finding(res, "note", "world 1: a one-rank process group still detaches"), "world 1 must say what a one-rank group does");
+    if (!strcmp(res->probe, "contrastive") && !res->cfg.local_loss && res->mode == GCD_GATHER_OFF)
         CHECK(has_finding(res, "none", "only 1 of 5 parameters receives a gradient: logit_scale"), "contrastive off: the words must name logit_scale");
     if (W > 1 && !res->cfg.local_loss && (res->mode == GCD_GATHER_LOCAL || res->mode == GCD_GATHER_AVG))
         CHECK(has_finding(res, "scaled", "(= 1/world)"), "%s mode %s: the words must say 1/world", res->probe, m);
@@ -122,7 +123,7 @@ static void steps_should_show_learning_stopped(gcd_comm *comm, int mode) {
                        .mode = mode, .steps = 20, .lr = 0.1 };
     gcd_run_result res;
     gcd_run(comm, &o, &res);
-    int W = comm->world, stuck_expected = W > 1 && mode == GCD_GATHER_OFF;
+    int W = comm->world, stuck_expected = mode == GCD_GATHER_OFF;
     for (int i = 0; i < res.nparam; i++) {
         const gcd_param_result *p = &res.param[i];
         int enc = is_encoder("contrastive", p->name);
@@ -158,6 +159,10 @@ int main(int argc, char **argv) {
                 inputs_should_be_rebuildable(comm, &o, &res);
                 if (comm->rank == 0) {
                     statuses_should_match_convention(&res);
+                    gcd_sb why = { 0 };
+                    CHECK(gcd_signature_met(&res, o.probe->before_gather, &why), "%s mode %s world %d: signature not met: %s",
+                          o.probe->name, gcd_gather_mode_name(mode), comm->world, why.s ? why.s : "");
+                    gcd_sb_free(&why);
                     if (mode == GCD_GATHER_ON) reference_should_match_central_differences(&o, &res);
                 }
                 gcd_run_result_free(&res);

@@ -1,0 +1,149 @@
+// The classifier over synthetic gradients, one table row per case: every status, the edges the
+// probes never reach (negative and zero scale, a zero reference, partial, the first non-finite index),
+// streamed sums against one pass, and the findings' words (prefix groups, "only 1 of N", forward).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "verdict.h"
+
+#define N 6
+
+typedef struct {
+    const char *name;
+    double g[N];       // the gradient (NAN/INFINITY allowed)
+    int none;          // g is None on every rank
+    int nhave, world;  // ranks with a gradient
+    double r[N];
+    int no_ref;        // check without --ref
+    double diff_rel;   // check, stage reduced: how far the ranks are apart
+    gcd_status want;
+    double scale;      // checked when want is scaled or mismatch (NAN: not checked)
+    long first_nonfinite;
+} row;
+
+static const row rows[] = {
+    { "ok", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_OK, NAN, -1 },
+    { "ok within tol", { 1, 2, 3, 4, 5, 6 + 1e-12 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_OK, NAN, -1 },
+    { "none", { 0 }, 1, 0, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_NONE, NAN, -1 },
+    { "partial", { 1, 2, 3, 4, 5, 6 }, 0, 3, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_PARTIAL, NAN, -1 },
+    { "zero", { 0, 0, 0, 0, 0, 0 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_ZERO, NAN, -1 },
+    { "zero, tiny values are not zero", { 0, 0, 1e-300, 0, 0, 0 }, 0, 4, 4, { 0, 0, 0, 0, 0, 1 }, 0, 0, GCD_ST_MISMATCH, 0, -1 },
+    { "nonfinite NaN", { 1, 2, NAN, 4, INFINITY, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_NONFINITE, NAN, 2 },
+    { "nonfinite -inf first", { -INFINITY, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_NONFINITE, NAN, 0 },
+    { "scaled 1/4", { .25, .5, .75, 1, 1.25, 1.5 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_SCALED, 0.25, -1 },
+    { "scaled 3x", { 3, 6, 9, 12, 15, 18 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_SCALED, 3, -1 },
+    { "negative scale is a mismatch", { -7, -14, -21, -28, -35, -42 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_MISMATCH, -7, -1 },
+    { "orthogonal (scale 0) is a mismatch", { 2, -1, 0, 0, 0, 0 }, 0, 4, 4, { 1, 2, 0, 0, 0, 0 }, 0, 0, GCD_ST_MISMATCH, 0, -1 },
+    { "wrong direction", { 1, 0, 0, 0, 0, 1 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_MISMATCH, NAN, -1 },
+    { "zero reference, zero g", { 0, 0, 0, 0, 0, 0 }, 0, 4, 4, { 0, 0, 0, 0, 0, 0 }, 0, 0, GCD_ST_OK, NAN, -1 },
+    { "zero reference, non-zero g", { 0, 1, 0, 0, 0, 0 }, 0, 4, 4, { 0, 0, 0, 0, 0, 0 }, 0, 0, GCD_ST_MISMATCH, NAN, -1 },
+    { "no reference: present", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 0 }, 1, 0, GCD_ST_PRESENT, NAN, -1 },
+    { "no reference: zero", { 0, 0, 0, 0, 0, 0 }, 0, 4, 4, { 0 }, 1, 0, GCD_ST_ZERO, NAN, -1 },
+    { "ranks disagree", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 1e-3, GCD_ST_DISAGREE, NAN, -1 },
+    { "ranks agree within tol", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 1e-12, GCD_ST_OK, NAN, -1 },
+};
+
+// the streamed classifier, one chunk of `chunk` values at a time
+static void classify(const row *c, gcd_param_result *p, size_t chunk) {
+    memset(p, 0, sizeof *p);
+    p->name = c->name;
+    p->n = N;
+    p->nhave = c->nhave;
+    p->diff_rel = c->diff_rel;
+    gcd_sums s;
+    gcd_sums_init(&s, !c->no_ref);
+    for (size_t at = 0; !c->none && at < N; at += chunk) gcd_sums_add(&s, c->g + at, c->no_ref ? NULL : c->r + at, chunk, at);
+    if (c->none)
+        for (int i = 0; i < N; i++) s.rr += c->r[i] * c->r[i];
+    if (gcd_sums_need_resid(&s, GCD_TOL))
+        for (size_t at = 0; at < N; at += chunk) gcd_sums_resid(&s, c->g + at, c->r + at, chunk);
+    gcd_classify_sums(p, &s, c->world, GCD_TOL);
+}
+
+static void every_status_should_come_from_the_numbers(void) {
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const row *c = &rows[i];
+        gcd_param_result one, streamed;
+        classify(c, &one, N);
+        classify(c, &streamed, 2);
+        CHECK(one.status == c->want, "%s: %s, expected %s (scale %.6g, rel err %.3g)", c->name, gcd_status_str(one.status),
+              gcd_status_str(c->want), one.scale, one.rel_err);
+        CHECK(streamed.status == one.status, "%s: streamed in chunks of 2 gives %s, one pass %s", c->name, gcd_status_str(streamed.status),
+              gcd_status_str(one.status));
+        if (!isnan(c->scale)) CHECK(fabs(one.scale - c->scale) < 1e-12, "%s: scale %.17g, expected %g", c->name, one.scale, c->scale);
+        if (c->want == GCD_ST_NONFINITE)
+            CHECK(one.first_nonfinite == c->first_nonfinite && streamed.first_nonfinite == c->first_nonfinite,
+                  "%s: first non-finite at %ld (streamed %ld), expected %ld", c->name, one.first_nonfinite, streamed.first_nonfinite,
+                  c->first_nonfinite);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// findings in words
+
+static const char *finding(const gcd_run_result *res, const char *kind) {
+    for (int i = 0; i < res->nfinding; i++)
+        if (!strcmp(res->finding[i].kind, kind)) return res->finding[i].message;
+    return NULL;
+}
+
+static void words_should_group_and_count(void) {
+    // a CLIP-like model: 13 encoder tensors get None, only logit_scale learns
+    static const char *names[] = { "visual.conv.weight", "visual.ln.weight", "visual.ln.bias", "visual.proj", "visual.blocks.0.attn.w",
+                                   "visual.blocks.0.attn.b", "text.embed.weight", "text.ln.weight", "text.ln.bias", "text.proj",
+                                   "text.blocks.0.mlp.w", "text.blocks.0.mlp.b", "text.pos", "logit_scale" };
+    enum { P = sizeof names / sizeof names[0] };
+    gcd_param_result params[P];
+    memset(params, 0, sizeof params);
+    static double g[1] = { 1 }, r[1] = { 1 };
+    static unsigned char has[4] = { 1, 1, 1, 1 };
+    for (int i = 0; i < P; i++) {
+        params[i] = (gcd_param_result){ .name = names[i], .n = 1, .has = has, .nhave = i == P - 1 ? 4 : 0, .reduced = i == P - 1 ? g : NULL,
+                                        .reference = r };
+    }
+    gcd_run_result res = { .probe = "check", .world = 4, .nparam = P, .param = params, .tol = GCD_TOL };
+    gcd_verdict(&res);
+    const char *m = finding(&res, "none");
+    CHECK(m && strstr(m, "only 1 of 14 parameters receives a gradient: logit_scale"), "none finding: %s", m ? m : "(none)");
+    CHECK(m && strstr(m, "visual.* and text.* get None"), "the towers must be grouped by prefix: %s", m ? m : "(none)");
+    CHECK(gcd_run_has_finding(&res), "a None parameter is a finding");
+    for (int i = 0; i < res.nfinding; i++) free(res.finding[i].params), free(res.finding[i].message);
+    free(res.finding);
+
+    // the forward: the ranks' mean loss must be the reference objective
+    double loss[2] = { 1.0, 2.0 };
+    params[0] = (gcd_param_result){ .name = "w", .n = 1, .has = has, .nhave = 2, .reduced = g, .reference = r };
+    gcd_run_result fwd = { .probe = "simplenet", .world = 2, .nparam = 1, .param = params, .tol = GCD_TOL, .loss = loss, .nloss = 1,
+                           .ref_loss = 1.5 + 1e-6 };
+    gcd_verdict(&fwd);
+    CHECK(finding(&fwd, "forward") != NULL, "a mean loss 1.5 against a reference 1.500001 must be a forward finding");
+    fwd.ref_loss = 1.5;
+    gcd_verdict(&fwd);
+    CHECK(finding(&fwd, "forward") == NULL, "an exact forward must not be a finding");
+    for (int i = 0; i < fwd.nfinding; i++) free(fwd.finding[i].params), free(fwd.finding[i].message);
+    free(fwd.finding);
+}
+
+// a partial finding at world 64 names every rank without a gradient
+static void partial_should_name_every_rank(void) {
+    static unsigned char has[64];
+    static double g[1] = { 1 }, r[1] = { 1 };
+    for (int k = 0; k < 64; k++) has[k] = k != 3 && k != 17 && k != 58;
+    gcd_param_result p = { .name = "head.weight", .n = 1, .has = has, .nhave = 61, .reduced = g, .reference = r };
+    gcd_run_result res = { .probe = "check", .world = 64, .nparam = 1, .param = &p, .tol = GCD_TOL };
+    gcd_verdict(&res);
+    const char *m = finding(&res, "partial");
+    CHECK(m && strstr(m, "on 61 of 64 ranks; None on ranks 3, 17 and 58"), "partial: %s", m ? m : "(none)");
+    for (int i = 0; i < res.nfinding; i++) free(res.finding[i].params), free(res.finding[i].message);
+    free(res.finding);
+}
+
+int main(void) {
+    every_status_should_come_from_the_numbers();
+    words_should_group_and_count();
+    partial_should_name_every_rank();
+    printf("test_verdict: %s, %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);
+    return check_failures != 0;
+}
