@@ -187,7 +187,7 @@ static int parse_run(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--inputs")) {
             if (!strcmp(v, "seed") || !strcmp(v, "random")) o->cfg.inputs_random = !strcmp(v, "random");
             else rc = bad(flag, "expected seed or random, got '%s'", v);
-        } else if (!strcmp(flag, "--seed")) rc = parse_int(flag, v, 0, LONG_MAX, &x), o->cfg.seed = (uint64_t)x;
+        } else if (!strcmp(flag, "--seed")) rc = parse_int(flag, v, 0, (1L << 53) - 1, &x), o->cfg.seed = (uint64_t)x;   // a report's number is exact below 2^53
         else if (!strcmp(flag, "--steps")) rc = parse_int(flag, v, 0, 1000000, &x), o->steps = (int)x;
         else if (!strcmp(flag, "--batch")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.batch = (int)x;
         else if (!strcmp(flag, "--dim-img")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_img = (int)x;

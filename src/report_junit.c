@@ -77,7 +77,7 @@ char *gcd_render_junit(const cJSON *doc) {
         gcd_sb_printf(&b, "  </testsuite>\n");
     }
     if (errors) {
-        gcd_sb_printf(&b, "  <testsuite name=\"run\">\n    <testcase classname=\"gradcheck-dist\" name=\"run\">\n      <error message=\"rank %d: ", (int)gcd_jnum(err, "rank"));
+        gcd_sb_printf(&b, "  <testsuite name=\"run\">\n    <testcase classname=\"gradcheck-dist\" name=\"run\">\n      <error message=\"rank %d: ", gcd_jint(err, "rank"));
         xml(&b, gcd_jstr(err, "message"));
         gcd_sb_printf(&b, "\"/>\n    </testcase>\n  </testsuite>\n");
     }

@@ -25,7 +25,7 @@ static void title(gcd_sb *b, const cJSON *doc) {
         if (!gcd_jbool(e, "met")) return gcd_sb_printf(b, "# gradcheck-dist: %s\n\n", gcd_jstr(e, "message"));
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    if (cJSON_IsObject(err)) return gcd_sb_printf(b, "# gradcheck-dist: run failed on rank %d: %s\n\n", (int)gcd_jnum(err, "rank"), gcd_jstr(err, "message"));
+    if (cJSON_IsObject(err)) return gcd_sb_printf(b, "# gradcheck-dist: run failed on rank %d: %s\n\n", gcd_jint(err, "rank"), gcd_jstr(err, "message"));
     gcd_sb_printf(b, "# gradcheck-dist: no unexpected gradient finding\n\n");
 }
 
@@ -51,12 +51,12 @@ char *gcd_render_md(const cJSON *doc) {
     gcd_sb b = { 0 };
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment"), *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs");
     title(&b, doc);
-    gcd_sb_printf(&b, "**Result: %s** (exit %d)\n\n## Environment\n\n| | |\n|---|---|\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
+    gcd_sb_printf(&b, "**Result: %s** (exit %d)\n\n## Environment\n\n| | |\n|---|---|\n", gcd_jstr(doc, "result"), gcd_jint(doc, "exit_code"));
     gcd_sb_printf(&b, "| tool | gradcheck-dist %s |\n", gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"));
     const cJSON *r0 = cJSON_GetArrayItem(runs, 0);
     if (!strcmp(gcd_jstr(r0, "probe"), "check")) {   // the user's dumps: where they came from
         const cJSON *d, *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference");
-        gcd_sb_printf(&b, "| dumps | %d, stage %s:", (int)gcd_jnum(env, "world"), gcd_jstr(r0, "stage"));
+        gcd_sb_printf(&b, "| dumps | %d, stage %s:", gcd_jint(env, "world"), gcd_jstr(r0, "stage"));
         int i = 0;
         cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r0, "dumps")) {
             if (i++ < 4) gcd_sb_printf(&b, " `%s`", gcd_jstr(d, "path"));
@@ -67,7 +67,7 @@ char *gcd_render_md(const cJSON *doc) {
                       or_dash(gcd_jstr(env, "torch_version")), or_dash(gcd_jstr(env, "lightning_version")));
         gcd_sb_printf(&b, "| tolerance | %g (relative) |\n| started | %s |\n\n", gcd_jnum(doc, "tolerance"), gcd_jstr(env, "start_time"));
     } else {
-        gcd_sb_printf(&b, "| backend | %s |\n| world | %d |\n", gcd_jstr(env, "backend"), (int)gcd_jnum(env, "world"));
+        gcd_sb_printf(&b, "| backend | %s |\n| world | %d |\n", gcd_jstr(env, "backend"), gcd_jint(env, "world"));
         gcd_sb_printf(&b, "| hosts |");
         const cJSON *h;
         int i = 0;

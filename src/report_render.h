@@ -9,6 +9,8 @@
 
 const char *gcd_jstr(const cJSON *o, const char *key);   // "" when absent
 double gcd_jnum(const cJSON *o, const char *key);         // NAN when absent or null
+int gcd_jint(const cJSON *o, const char *key);            // -1 when absent, null, NaN or out of int's range
+int gcd_int_of(double v);
 int gcd_jbool(const cJSON *o, const char *key);
 char *gcd_jshape(const cJSON *o, char *buf, size_t len);  // "(4,8)" from o's "shape"
 // runs with the same probe, local_loss and inputs form one table; returns how many groups and fills

@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +16,10 @@ const char *gcd_jstr(const cJSON *o, const char *key) {
 
 double gcd_jnum(const cJSON *o, const char *key) { return gcd_json_num(cJSON_GetObjectItemCaseSensitive(o, key)); }
 
+int gcd_int_of(double v) { return v == v && v > INT_MIN && v < INT_MAX ? (int)v : -1; }   // NaN is no int
+
+int gcd_jint(const cJSON *o, const char *key) { return gcd_int_of(gcd_jnum(o, key)); }
+
 int gcd_jbool(const cJSON *o, const char *key) { return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key)); }
 
 char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
@@ -22,7 +27,7 @@ char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
     size_t k = (size_t)snprintf(buf, len, "(");
     int i = 0;
     cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(o, "shape")) {
-        if (k < len) k += (size_t)snprintf(buf + k, len - k, i++ ? ",%d" : "%d", (int)gcd_json_num(d));
+        if (k < len) k += (size_t)snprintf(buf + k, len - k, i++ ? ",%d" : "%d", gcd_int_of(gcd_json_num(d)));
     }
     if (k < len) snprintf(buf + k, len - k, ")");
     return buf;
@@ -30,11 +35,12 @@ char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
 
 char *gcd_run_title(const cJSON *run, char *buf, size_t len) {
     if (!strcmp(gcd_jstr(run, "probe"), "check")) {
-        snprintf(buf, len, "check (stage %s, world %d)", gcd_jstr(run, "stage"), (int)gcd_jnum(run, "world"));
+        snprintf(buf, len, "check (stage %s, world %d)", gcd_jstr(run, "stage"), gcd_jint(run, "world"));
         return buf;
     }
-    snprintf(buf, len, "%s (%sinputs %s, world %d)", gcd_jstr(run, "probe"), gcd_jbool(run, "local_loss") ? "local_loss, " : "",
-             gcd_jstr(run, "inputs"), (int)gcd_jnum(run, "world"));
+    if (!strcmp(gcd_jstr(run, "probe"), "simplenet"))   // only simplenet can give every rank the same inputs
+        snprintf(buf, len, "simplenet (inputs %s, world %d)", gcd_jstr(run, "inputs"), gcd_jint(run, "world"));
+    else snprintf(buf, len, "%s (%sworld %d)", gcd_jstr(run, "probe"), gcd_jbool(run, "local_loss") ? "local_loss, " : "", gcd_jint(run, "world"));
     return buf;
 }
 
@@ -71,8 +77,8 @@ char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     if (!isnan(norm)) snprintf(n, sizeof n, "%.3e", norm);
     if (!strcmp(st, "scaled")) snprintf(note, sizeof note, "x%.4g", gcd_jnum(p, "scale"));
     else if (!strcmp(st, "mismatch")) snprintf(note, sizeof note, "cos %.3f", gcd_jnum(p, "cosine"));
-    else if (!strcmp(st, "partial")) snprintf(note, sizeof note, "%d ranks", (int)gcd_jnum(p, "ranks_with_grad"));
-    else if (!strcmp(st, "nonfinite")) snprintf(note, sizeof note, "%d bad", (int)gcd_jnum(p, "nonfinite"));
+    else if (!strcmp(st, "partial")) snprintf(note, sizeof note, "%d ranks", gcd_jint(p, "ranks_with_grad"));
+    else if (!strcmp(st, "nonfinite")) snprintf(note, sizeof note, "%d bad", gcd_jint(p, "nonfinite"));
     else if (!strcmp(st, "disagree")) snprintf(note, sizeof note, "ranks %.1e", gcd_jnum(p, "rank_diff_rel"));
     snprintf(buf, len, "%-9s %-9s %s", st, n, note);
     return buf;
@@ -84,27 +90,42 @@ char *gcd_cell(const cJSON *p, char *buf, size_t len) {
 #define CELL 30
 #define MAX_RUNS 64
 
+// mean over ranks of step s
+static double step_mean(const cJSON *row) {
+    const cJSON *x;
+    double sum = 0;
+    int k = 0;
+    cJSON_ArrayForEach(x, row) sum += gcd_json_num(x), k++;
+    return k ? sum / k : NAN;
+}
+
+// the whole series in at most 40 columns, each the step at its place; first and last are the real ends
 static void sparkline(gcd_sb *b, const cJSON *steps) {
     static const char *bar[8] = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" };
     int n = cJSON_GetArraySize(steps);
-    double v[512] = { 0 }, lo = INFINITY, hi = -INFINITY;
-    if (n > 512) n = 512;
-    for (int s = 0; s < n; s++) {   // mean over ranks
-        const cJSON *row = cJSON_GetArrayItem(steps, s), *x;
-        double sum = 0;
-        int k = 0;
-        cJSON_ArrayForEach(x, row) sum += gcd_json_num(x), k++;
-        v[s] = k ? sum / k : NAN;
-        lo = fmin(lo, v[s]), hi = fmax(hi, v[s]);
+    double lo = INFINITY, hi = -INFINITY, first = NAN, last = NAN;
+    const cJSON *row;
+    int s = 0;
+    cJSON_ArrayForEach(row, steps) {
+        double v = step_mean(row);
+        if (s == 0) first = v;
+        last = v;
+        lo = fmin(lo, v), hi = fmax(hi, v);
+        s++;
     }
-    gcd_sb_printf(b, "%-10.6g ", n ? v[0] : NAN);
-    int width = n < 40 ? n : 40;
-    for (int i = 0; i < width; i++) {
-        double x = v[(long)i * (n - 1) / (width > 1 ? width - 1 : 1)];
-        int level = hi > lo ? (int)((x - lo) / (hi - lo) * 7.999) : 0;
-        gcd_sb_printf(b, "%s", isfinite(x) ? bar[level] : "?");
+    gcd_sb_printf(b, "%-10.6g ", first);
+    int width = n < 40 ? n : 40, col = 0;
+    s = 0;
+    cJSON_ArrayForEach(row, steps) {   // one pass: the column's step comes up in order
+        if (col < width && s == (int)((long)col * (n - 1) / (width > 1 ? width - 1 : 1))) {
+            double x = step_mean(row);
+            int level = hi > lo && isfinite(x) ? (int)((x - lo) / (hi - lo) * 7.999) : 0;
+            gcd_sb_printf(b, "%s", isfinite(x) ? bar[level] : "?");
+            col++;
+        }
+        s++;
     }
-    gcd_sb_printf(b, " %.6g\n", n ? v[n - 1] : NAN);
+    gcd_sb_printf(b, " %.6g\n", last);
 }
 
 static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
@@ -154,7 +175,7 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
         }
     }
     if (gcd_jnum(cols[0], "steps") > 0) {
-        gcd_sb_printf(b, "  loss over %d SGD steps (lr %g, mean over ranks): first, curve, last\n", (int)gcd_jnum(cols[0], "steps"),
+        gcd_sb_printf(b, "  loss over %d SGD steps (lr %g, mean over ranks): first, curve, last\n", gcd_jint(cols[0], "steps"),
                       gcd_jnum(cols[0], "lr"));
         for (int c = 0; c < ncol; c++) {
             gcd_sb_printf(b, "    %-6s ", gcd_jstr(cols[c], "mode"));
@@ -197,7 +218,7 @@ char *gcd_render_text(const cJSON *doc) {
         gcd_sb_printf(&b, "\n");
     } else {
         gcd_sb_printf(&b, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g\n\n", version, gcd_jstr(env, "backend"),
-                      (int)gcd_jnum(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+                      gcd_jint(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
     }
     int group[MAX_RUNS];
     int ng = gcd_run_groups(runs, group, MAX_RUNS);
@@ -209,8 +230,8 @@ char *gcd_render_text(const cJSON *doc) {
         gcd_sb_printf(&b, "  %-4s %s\n", gcd_jbool(e, "met") ? "ok" : "FAIL", gcd_jstr(e, "message"));
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    if (cJSON_IsObject(err)) gcd_sb_printf(&b, "error on rank %d: %s\n", (int)gcd_jnum(err, "rank"), gcd_jstr(err, "message"));
-    gcd_sb_printf(&b, "result: %s (exit %d)\n", gcd_jstr(doc, "result"), (int)gcd_jnum(doc, "exit_code"));
+    if (cJSON_IsObject(err)) gcd_sb_printf(&b, "error on rank %d: %s\n", gcd_jint(err, "rank"), gcd_jstr(err, "message"));
+    gcd_sb_printf(&b, "result: %s (exit %d)\n", gcd_jstr(doc, "result"), gcd_jint(doc, "exit_code"));
     size_t k = 0;   // no trailing blanks: the last column is padded
     for (size_t i = 0; i < b.len; i++) {
         if (b.s[i] == '\n')

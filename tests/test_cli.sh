@@ -29,6 +29,7 @@ usage_error --mode run --mode on,on
 usage_error --inputs run --inputs some
 usage_error --seed run --seed -1
 usage_error --steps run --steps x
+usage_error --seed run --seed 9007199254740992
 usage_error --lr run --lr 0
 usage_error --batch run --batch 0
 usage_error --hostfile run --hostfile /nonexistent/hosts
@@ -104,6 +105,12 @@ ls reports/*.tmp.* >/dev/null 2>&1 && fail "a temporary file was left in reports
 "$G" run --world 2 --probe contrastive --mode off --steps 20 --no-json >steps.txt 2>&1
 [ $? = 1 ] || fail "--steps 20 --mode off must exit 1"
 grep -q "learning stopped: the loss went" steps.txt || fail "no 'learning stopped' finding: $(cat steps.txt)"
+grep -q "^contrastive (world 2)$" steps.txt || fail "contrastive inputs always differ per rank: the title must not say 'inputs seed': $(grep '^contrastive' steps.txt)"
+# the curve covers every step: its last value is the one the finding quotes
+"$G" run --world 2 --probe contrastive --mode off --steps 600 --no-json >long.txt 2>&1
+curve_last=$(grep -A1 "^  loss over 600 SGD steps" long.txt | tail -1 | awk '{print $NF}')
+said_last=$(sed -n 's/.*the loss went [^ ]* -> \([^ ]*\) over 600 steps.*/\1/p' long.txt)
+[ -n "$said_last" ] && [ "$curve_last" = "$said_last" ] || fail "--steps 600: the curve ends at '$curve_last', the finding says '$said_last'"
 
 # ---- bad report files: exit 2, one line, the file named
 echo '{"hello": 1}' >foreign.json
