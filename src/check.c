@@ -167,8 +167,29 @@ static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **para
     return 0;
 }
 
+// the reference first: a wrong --ref is named as such, also when it lies among the dumps
+static int load_ref(const gcd_check_opts *o, gcd_check_set *set, char ***params, int *np, char *err, size_t len) {
+    long world, r0;
+    int rc;
+    set->has_ref = 1;
+    if (gcd_st_open(&set->ref, o->ref, err, len)) return 2;
+    if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
+        (rc = meta_int(&set->ref, "gradcheck.rank", 0, 1 << 16, &r0, err, len)))
+        return rc;
+    if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
+    if ((rc = meta_params(&set->ref, params, np, err, len))) return rc;
+    return check_file(o, &set->ref, *params, *np, err, len);
+}
+
 int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len) {
     memset(set, 0, sizeof *set);
+    set->ref.fd = -1;
+    char **ref_params = NULL;
+    int nref = 0;
+    if (o->ref) {
+        int rc = load_ref(o, set, &ref_params, &nref, err, len);
+        if (rc) return free_strs(ref_params, nref), rc;
+    }
     char **paths = NULL;
     int n = 0, rc = expand(o, &paths, &n, err, len);
     gcd_st_file *files = gcd_malloc((size_t)(n ? n : 1) * sizeof *files);
@@ -222,28 +243,13 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     free(files), free(rank), free(owner);
     free_strs(paths, n);
     set->params = params, set->nparams = np;
-    if (rc) return rc;
+    if (rc) return free_strs(ref_params, nref), rc;
 
-    // the reference: world 1, the same parameters
-    set->ref.fd = -1;
-    if (o->ref) {
-        long world, r0;
-        char **p = NULL;
-        int k = 0;
-        set->has_ref = 1;
-        if (gcd_st_open(&set->ref, o->ref, err, len)) return 2;
-        if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
-            (rc = meta_int(&set->ref, "gradcheck.rank", 0, 1 << 16, &r0, err, len)))
-            return rc;
-        if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
-        if ((rc = meta_params(&set->ref, &p, &k, err, len)) || (rc = check_file(o, &set->ref, p, k, err, len))) return free_strs(p, k), rc;
-        for (int j = 0; !rc && j < np; j++)
-            if (!in_list(p, k, params[j])) rc = fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, params[j]);
-        for (int j = 0; !rc && j < k; j++)
-            if (!in_list(params, np, p[j])) rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, p[j]);
-        free_strs(p, k);
-        if (rc) return rc;
-    }
+    // the reference and the dumps: the same parameters
+    for (int j = 0; set->has_ref && j < np; j++)
+        if (!in_list(ref_params, nref, params[j])) return fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, params[j]);
+    for (int j = 0; set->has_ref && j < nref; j++)
+        if (!in_list(params, np, ref_params[j])) return fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, ref_params[j]);
 
     // per parameter: one shape everywhere, and the tolerance the dtypes allow
     set->tol_default = GCD_TOL;
@@ -267,6 +273,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     }
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
     set->sha256 = gcd_malloc((size_t)(set->world + 1) * sizeof *set->sha256);
+    free_strs(ref_params, nref);
     return 0;
 }
 
@@ -491,6 +498,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     res->world = W;
     res->tol = set->tol;
     res->classified = 1;
+    res->no_ref = !set->has_ref;
     res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
     scan s = { .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
     s.t = gcd_malloc((size_t)(W + 1) * sizeof *s.t);
@@ -542,6 +550,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
         }
         for (int k = 0; k < W; k++) p->rank_first_nonfinite[k] = -1;
         p->ref_none = set->has_ref && !s.t[W];
+        p->ndim = -1;   // unknown: None on every rank and in the reference
         if (any) {
             p->ndim = any->ndim;
             for (int d = 0; d < any->ndim; d++) p->shape[d] = (int)any->shape[d];
@@ -567,13 +576,4 @@ done:
 
 // ----------------------------------------------------------------------------
 
-const char gcd_check_snippet[] =
-    "# 1. dump every rank's gradients after one training step (pip install ./python)\n"
-    "from gradcheck_dist import dump_grads, GradcheckDump\n"
-    "# plain PyTorch / DDP, after loss.backward() on each rank (torchrun --nproc_per_node 4 train.py):\n"
-    "dump_grads(model, f\"dumps/rank{torch.distributed.get_rank()}.safetensors\")\n"
-    "# single process, same starting weights, the whole global batch (world 1):\n"
-    "dump_grads(model, \"ref.safetensors\")\n"
-    "# Lightning: Trainer(..., callbacks=[GradcheckDump(\"dumps\")], max_steps=1)\n"
-    "# 2. the verdict: exit 0 clean, 1 gradient findings, 2 bad input\n"
-    "#    gradcheck-dist check dumps/ --ref ref.safetensors\n";
+#include "gcd_snippet.h"   // gcd_check_snippet, generated by CMake from python/gradcheck_dist/snippet.txt

@@ -466,8 +466,8 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
         cJSON *o = push(ps, cJSON_CreateObject());
         int none = p->status == GCD_ST_NONE;
         put(o, "name", cJSON_CreateString(p->name));
-        put(o, "shape", shape(p->ndim, p->shape));
-        put(o, "dtype", cJSON_CreateString(p->dtype));
+        put(o, "shape", p->ndim < 0 ? cJSON_CreateNull() : shape(p->ndim, p->shape));   // null: no file has it
+        put(o, "dtype", p->ndim < 0 ? cJSON_CreateNull() : cJSON_CreateString(p->dtype));
         put(o, "status", cJSON_CreateString(gcd_status_str(p->status)));
         put(o, "ranks_with_grad", cJSON_CreateNumber(p->nhave));
         put(o, "norm", none ? cJSON_CreateNull() : num(p->norm));

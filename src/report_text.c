@@ -24,6 +24,7 @@ int gcd_jbool(const cJSON *o, const char *key) { return cJSON_IsTrue(cJSON_GetOb
 
 char *gcd_jshape(const cJSON *o, char *buf, size_t len) {
     const cJSON *d;
+    if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "shape"))) return snprintf(buf, len, "-"), buf;   // unknown
     size_t k = (size_t)snprintf(buf, len, "(");
     int i = 0;
     cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(o, "shape")) {
@@ -155,7 +156,7 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
     int row = 0;
     cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
         gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
-        if (check) gcd_sb_printf(b, " %-5s", gcd_jstr(p0, "dtype"));
+        if (check) gcd_sb_printf(b, " %-5s", *gcd_jstr(p0, "dtype") ? gcd_jstr(p0, "dtype") : "-");
         for (int c = 0; c < ncol; c++) {
             const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
             gcd_sb_printf(b, " | %-*s", CELL, p ? gcd_cell(p, cell, sizeof cell) : "?");
@@ -224,9 +225,10 @@ char *gcd_render_text(const cJSON *doc) {
     int ng = gcd_run_groups(runs, group, MAX_RUNS);
     for (int g = 0; g < ng; g++) group_table(&b, runs, group, g);
     const cJSON *e;
-    int unmet = 0;
+    int shown = 0, check = !strcmp(gcd_jstr(r0, "probe"), "check");   // check: the findings above are the whole verdict
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
-        if (!unmet++) gcd_sb_printf(&b, "expectations\n");
+        if (check) break;
+        if (!shown++) gcd_sb_printf(&b, "expectations\n");
         gcd_sb_printf(&b, "  %-4s %s\n", gcd_jbool(e, "met") ? "ok" : "FAIL", gcd_jstr(e, "message"));
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");

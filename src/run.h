@@ -68,6 +68,7 @@ typedef struct {
     int nparam;
     gcd_param_result *param;          // (nparam)
     int classified;                   // check: statuses already set from streamed sums
+    int no_ref;                       // check without --ref
     int ninput;
     const char *input_name[GCD_MAX_INPUTS];
     int input_ndim[GCD_MAX_INPUTS], input_shape[GCD_MAX_INPUTS][GCD_MAX_DIM];

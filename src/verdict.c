@@ -223,6 +223,10 @@ void gcd_verdict(gcd_run_result *res) {
         else
             gcd_sb_printf(&m, "%s %s no gradient on any rank (None); %s %s one", words.s, plural(n, "receives", "receive"), others.s,
                           plural(have, "still gets", "still get"));
+        if (check && !res->no_ref && count(res, none_in_ref, NULL) < n)   // the reference has them: cut on the way
+            gcd_sb_printf(&m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
+                              "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False), or a detach())",
+                          plural(n, "it", "them"), plural(n, "it", "them"));
         int unused = count(res, none_in_ref, NULL);
         if (unused) {
             gcd_sb u = { 0 };
@@ -246,10 +250,8 @@ void gcd_verdict(gcd_run_result *res) {
     }
     st = GCD_ST_ZERO;
     if ((n = count(res, by_status, &st))) {
-        const gcd_param_result *z = res->param;
-        while (z->status != st) z++;
         names(res, by_status, &st, &m, &ids);
-        if (!isnan(z->ref_norm))
+        if (!res->no_ref)
             gcd_sb_printf(&m, " %s a gradient of exactly zero where the reference's is not", plural(n, "gets", "get"));
         else gcd_sb_printf(&m, " %s a gradient of exactly zero on every rank that has one", plural(n, "gets", "get"));
         emit(res, "zero", 1, &ids, &m);
