@@ -386,7 +386,7 @@ static void environment(gcd_comm *comm, gcd_env *env, int root) {
 static int expect(cJSON *doc, const gcd_run_result *res, const gcd_probe *pr, int test) {
     gcd_sb msg = { 0 }, why = { 0 };
     const char *first = "";
-    for (int i = 0; i < res->nfinding; i++)
+    for (int i = 0; i < res->nfinding && test; i++)
         if (res->finding[i].counts) { first = res->finding[i].message; break; }
     gcd_sb_printf(&msg, "%s%s mode %s (%s): ", res->probe, res->cfg.local_loss ? " (local_loss)" : "", gcd_gather_mode_name(res->mode),
                   test ? "under test" : "control");
@@ -396,8 +396,11 @@ static int expect(cJSON *doc, const gcd_run_result *res, const gcd_probe *pr, in
         gcd_sb_printf(&msg, "%s", met ? "no finding" : first);
     } else {
         met = gcd_signature_met(res, pr->before_gather, &why);
+        gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world);
         if (!met) gcd_sb_printf(&msg, "not this convention's signature at world %d: %s", res->world, why.s);
-        else if (gcd_run_has_finding(res)) gcd_sb_printf(&msg, "shows its defect, as it must: %s", first);
+        else if (gcd_run_has_finding(res))
+            gcd_sb_printf(&msg, "shows exactly its signature: %s%s before the gather, %s after", gcd_status_str(sig.before),
+                          sig.before == GCD_ST_SCALED ? " x1/world" : "", gcd_status_str(sig.after));
         else gcd_sb_printf(&msg, "clean at world %d, as it must be (1/world = 1)", res->world);
     }
     gcd_report_add_expectation(doc, res->probe, gcd_gather_mode_name(res->mode), test ? "test" : "control", met, msg.s);
