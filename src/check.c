@@ -47,11 +47,11 @@ static int expand(const gcd_check_opts *o, char ***out, int *n, char *err, size_
     *n = 0;
     for (int i = 0; i < o->ndumps; i++) {
         struct stat st;
-        if (stat(o->dumps[i], &st)) return fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
+        if (stat(o->dumps[i], &st)) return *out = paths, fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
         int first = *n;
         if (S_ISDIR(st.st_mode)) {
             DIR *d = opendir(o->dumps[i]);
-            if (!d) return fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
+            if (!d) return *out = paths, fail(err, len, "%s: %s", o->dumps[i], strerror(errno));
             struct dirent *e;
             while ((e = readdir(d))) {
                 if (!ends_with(e->d_name, ".safetensors") || e->d_name[0] == '.') continue;
@@ -67,7 +67,7 @@ static int expand(const gcd_check_opts *o, char ***out, int *n, char *err, size_
             }
             closedir(d);
             qsort(paths + first, (size_t)(*n - first), sizeof *paths, by_str);
-            if (*n == first) return fail(err, len, "%s: no *.safetensors file in this directory", o->dumps[i]);
+            if (*n == first) return *out = paths, fail(err, len, "%s: no *.safetensors file in this directory", o->dumps[i]);
         } else {
             if (*n == cap) {
                 paths = realloc(paths, (size_t)(cap *= 2) * sizeof *paths);
@@ -91,8 +91,34 @@ static int meta_int(const gcd_st_file *f, const char *key, long lo, long hi, lon
     return 0;
 }
 
+static void free_strs(char **s, int n) {
+    for (int i = 0; i < n; i++) free(s[i]);
+    free(s);
+}
+
+// a sorted copy of list (the strings are shared), for in_sorted
+static char **sorted_copy(char *const *list, int n) {
+    char **s = gcd_malloc((size_t)(n ? n : 1) * sizeof *s);
+    memcpy(s, list, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, by_str);
+    return s;
+}
+
+static int in_sorted(char *const *sorted, int n, const char *s) { return bsearch(&s, sorted, (size_t)n, sizeof *sorted, by_str) != NULL; }
+
+// the first name of a (in a's order) that b lacks, or NULL
+static const char *first_missing(char *const *a, int na, char *const *b, int nb) {
+    char **sb = sorted_copy(b, nb);
+    const char *miss = NULL;
+    for (int i = 0; !miss && i < na; i++)
+        if (!in_sorted(sb, nb, a[i])) miss = a[i];
+    free(sb);
+    return miss;
+}
+
 // gcd.params as a list of unique strings
 static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, size_t len) {
+    *out = NULL, *n = 0;
     const char *v = gcd_st_meta(f, "gradcheck.params");
     if (!v) return fail(err, len, "%s: no gradcheck.params in its metadata: not a gradcheck dump (write it with gradcheck_dist.dump_grads)", f->path);
     cJSON *a = cJSON_Parse(v);
@@ -100,14 +126,17 @@ static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, siz
     if (!cJSON_IsArray(a)) rc = fail(err, len, "%s: metadata gradcheck.params is not a JSON array of parameter names", f->path);
     *n = rc ? 0 : cJSON_GetArraySize(a);
     *out = gcd_malloc((size_t)(*n ? *n : 1) * sizeof **out);
-    for (int i = 0; !rc && i < *n; i++) {
-        const cJSON *s = cJSON_GetArrayItem(a, i);
-        if (!cJSON_IsString(s)) rc = fail(err, len, "%s: metadata gradcheck.params[%d] is not a string", f->path, i);
-        else (*out)[i] = gcd_strdup(s->valuestring);
+    int i = 0;
+    const cJSON *s;
+    cJSON *list = rc ? NULL : a;
+    cJSON_ArrayForEach(s, list) {   // not cJSON_GetArrayItem(a, i): that walks the list from the head each time
+        if (!cJSON_IsString(s)) { rc = fail(err, len, "%s: metadata gradcheck.params[%d] is not a string", f->path, i); break; }
+        (*out)[i++] = gcd_strdup(s->valuestring);
     }
     cJSON_Delete(a);
     if (rc) {
-        *n = 0;
+        free_strs(*out, i);
+        *out = NULL, *n = 0;
         return rc;
     }
     char **sorted = gcd_malloc((size_t)(*n ? *n : 1) * sizeof *sorted);
@@ -117,17 +146,6 @@ static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, siz
         if (!strcmp(sorted[i], sorted[i - 1])) rc = fail(err, len, "%s: gradcheck.params names '%.80s' twice", f->path, sorted[i]);
     free(sorted);
     return rc;
-}
-
-static void free_strs(char **s, int n) {
-    for (int i = 0; i < n; i++) free(s[i]);
-    free(s);
-}
-
-static int in_list(char *const *list, int n, const char *s) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(list[i], s)) return 1;
-    return 0;
 }
 
 static int ignored(const gcd_check_opts *o, const char *name) {
@@ -156,15 +174,18 @@ static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **para
     const char *stage = gcd_st_meta(f, "gradcheck.stage");
     if (!stage || (strcmp(stage, "local") && strcmp(stage, "reduced")))
         return fail(err, len, "%s: metadata gradcheck.stage is '%.20s', expected local or reduced", f->path, stage ? stage : "(missing)");
-    for (int i = 0; i < f->ntensor; i++) {
+    char **sorted = sorted_copy(params, np);
+    int rc = 0;
+    for (int i = 0; !rc && i < f->ntensor; i++) {
         const gcd_st_tensor *t = &f->tensor[i];
-        if (!in_list(params, np, t->name))
-            return fail(err, len, "%s: tensor '%.80s' is not in gradcheck.params (every gradient must be a listed parameter)", f->path, t->name);
-        if (t->dtype == GCD_DT_OTHER && !ignored(o, t->name))
-            return fail(err, len, "%s: unsupported dtype %s for tensor '%.80s' (F64, F32, F16 and BF16 are read; --ignore it to leave it out)",
-                        f->path, t->dtype_name, t->name);
+        if (!in_sorted(sorted, np, t->name))
+            rc = fail(err, len, "%s: tensor '%.80s' is not in gradcheck.params (every gradient must be a listed parameter)", f->path, t->name);
+        else if (t->dtype == GCD_DT_OTHER && !ignored(o, t->name))
+            rc = fail(err, len, "%s: unsupported dtype %s for tensor '%.80s' (F64, F32, F16 and BF16 are read; --ignore it to leave it out)",
+                      f->path, t->dtype_name, t->name);
     }
-    return 0;
+    free(sorted);
+    return rc;
 }
 
 // the reference first: a wrong --ref is named as such, also when it lies among the dumps
@@ -174,7 +195,7 @@ static int load_ref(const gcd_check_opts *o, gcd_check_set *set, char ***params,
     set->has_ref = 1;
     if (gcd_st_open(&set->ref, o->ref, err, len)) return 2;
     if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
-        (rc = meta_int(&set->ref, "gradcheck.rank", 0, 1 << 16, &r0, err, len)))
+        (rc = meta_int(&set->ref, "gradcheck.rank", 0, 0, &r0, err, len)))
         return rc;
     if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
     if ((rc = meta_params(&set->ref, params, np, err, len))) return rc;
@@ -202,8 +223,8 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         if (gcd_st_open(&files[i], paths[i], err, len)) rc = 2;
         else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &world, err, len)) &&
                  !(rc = meta_int(&files[i], "gradcheck.rank", 0, world - 1, &rank[i], err, len))) {
-            char **p;
-            int k;
+            char **p = NULL;
+            int k = 0;
             if (!(rc = meta_params(&files[i], &p, &k, err, len)) && !(rc = check_file(o, &files[i], p, k, err, len))) {
                 const char *stage = gcd_st_meta(&files[i], "gradcheck.stage");
                 if (i == 0) {
@@ -214,10 +235,9 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
                 else if (strcmp(stage, set->stage))
                     rc = fail(err, len, "%s: gradcheck.stage is %s, but %s says %s: dump every rank at the same stage", paths[i], stage, paths[0], set->stage);
                 else {
-                    for (int j = 0; !rc && j < np; j++)
-                        if (!in_list(p, k, params[j])) rc = fail(err, len, "%s (rank %ld): gradcheck.params lacks '%.80s', which %s lists: not the same model", paths[i], rank[i], params[j], paths[0]);
-                    for (int j = 0; !rc && j < k; j++)
-                        if (!in_list(params, np, p[j])) rc = fail(err, len, "%s (rank %ld): gradcheck.params lists '%.80s', which %s does not: not the same model", paths[i], rank[i], p[j], paths[0]);
+                    const char *x;
+                    if ((x = first_missing(params, np, p, k))) rc = fail(err, len, "%s (rank %ld): gradcheck.params lacks '%.80s', which %s lists: not the same model", paths[i], rank[i], x, paths[0]);
+                    else if ((x = first_missing(p, k, params, np))) rc = fail(err, len, "%s (rank %ld): gradcheck.params lists '%.80s', which %s does not: not the same model", paths[i], rank[i], x, paths[0]);
                 }
             }
             if (p) free_strs(p, k);
@@ -246,10 +266,14 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     if (rc) return free_strs(ref_params, nref), rc;
 
     // the reference and the dumps: the same parameters
-    for (int j = 0; set->has_ref && j < np; j++)
-        if (!in_list(ref_params, nref, params[j])) return fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, params[j]);
-    for (int j = 0; set->has_ref && j < nref; j++)
-        if (!in_list(params, np, ref_params[j])) return fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, ref_params[j]);
+    const char *x = NULL;
+    if (set->has_ref && (x = first_missing(params, np, ref_params, nref)))
+        rc = fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, x);
+    else if (set->has_ref && (x = first_missing(ref_params, nref, params, np)))
+        rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, x);
+    free_strs(ref_params, nref);
+    ref_params = NULL, nref = 0;
+    if (rc) return rc;
 
     // per parameter: one shape everywhere, and the tolerance the dtypes allow
     set->tol_default = GCD_TOL;

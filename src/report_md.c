@@ -109,18 +109,16 @@ char *gcd_render_md(const cJSON *doc) {
         gcd_sb_printf(&b, "\n|---|---|");
         for (int k = 0; k < ncol; k++) gcd_sb_printf(&b, "---|");
         gcd_sb_printf(&b, "\n");
-        const cJSON *p0;
-        int row = 0;
-        cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
-            gcd_sb_printf(&b, "| %s | %s |", gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp));
+        const cJSON *cur[MAX_RUNS] = { 0 };
+        gcd_rows_begin(cur, cols, ncol);
+        for (; cur[0]; gcd_rows_next(cur, ncol)) {
+            gcd_sb_printf(&b, "| %s | %s |", gcd_jstr(cur[0], "name"), gcd_jshape(cur[0], shp, sizeof shp));
             for (int k = 0; k < ncol; k++) {
-                const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[k], "params"), row);
                 gcd_sb_printf(&b, " ");
-                cell(&b, p ? gcd_cell(p, c, sizeof c) : "?");
+                cell(&b, cur[k] ? gcd_cell(cur[k], c, sizeof c) : "?");
                 gcd_sb_printf(&b, " |");
             }
             gcd_sb_printf(&b, "\n");
-            row++;
         }
         gcd_sb_printf(&b, "\n");
     }

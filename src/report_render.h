@@ -18,5 +18,8 @@ char *gcd_jshape(const cJSON *o, char *buf, size_t len);  // "(4,8)" from o's "s
 int gcd_run_groups(const cJSON *runs, int *group, int max);
 // the runs of group g, in order, into cols (at most max); returns how many
 int gcd_group_runs(const cJSON *runs, const int *group, int g, const cJSON **cols, int max);
+// the params of each column walked in step (no O(n) lookup per row): cur[c] is column c's on this row
+void gcd_rows_begin(const cJSON **cur, const cJSON *const *cols, int ncol);
+void gcd_rows_next(const cJSON **cur, int ncol);
 char *gcd_run_title(const cJSON *run, char *buf, size_t len);    // "contrastive (local_loss, inputs random)"
 char *gcd_cell(const cJSON *param, char *buf, size_t len);       // "scaled    5.829e-02 x0.25"

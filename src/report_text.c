@@ -71,6 +71,17 @@ int gcd_group_runs(const cJSON *runs, const int *group, int g, const cJSON **col
     return n;
 }
 
+void gcd_rows_begin(const cJSON **cur, const cJSON *const *cols, int ncol) {
+    for (int c = 0; c < ncol; c++) {
+        const cJSON *ps = cJSON_GetObjectItemCaseSensitive(cols[c], "params");
+        cur[c] = ps ? ps->child : NULL;
+    }
+}
+
+void gcd_rows_next(const cJSON **cur, int ncol) {
+    for (int c = 0; c < ncol; c++) cur[c] = cur[c] ? cur[c]->next : NULL;
+}
+
 char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     const char *st = gcd_jstr(p, "status");
     double norm = gcd_jnum(p, "norm");
@@ -153,16 +164,14 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
     if (check) gcd_sb_printf(b, "      ");
     for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, "status    |g|       vs ref");
     gcd_sb_printf(b, "\n");
-    int row = 0;
-    cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+    const cJSON *cur[MAX_RUNS] = { 0 };
+    gcd_rows_begin(cur, cols, ncol);
+    for (; cur[0]; gcd_rows_next(cur, ncol)) {
+        p0 = cur[0];
         gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
         if (check) gcd_sb_printf(b, " %-5s", *gcd_jstr(p0, "dtype") ? gcd_jstr(p0, "dtype") : "-");
-        for (int c = 0; c < ncol; c++) {
-            const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
-            gcd_sb_printf(b, " | %-*s", CELL, p ? gcd_cell(p, cell, sizeof cell) : "?");
-        }
+        for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, cur[c] ? gcd_cell(cur[c], cell, sizeof cell) : "?");
         gcd_sb_printf(b, "\n");
-        row++;
     }
     if (!check) gcd_sb_printf(b, "  |g|: L2 norm of the DDP-mean gradient; xC: g = C * reference; cos: cosine to the reference\n");
     else if (!strcmp(gcd_jstr(cols[0], "stage"), "local"))
@@ -185,17 +194,17 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
         gcd_sb_printf(b, "  how far each parameter moved, ||end - start||\n  %-*s %-*s", NW, "parameter", SW, "shape");
         for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-14s", gcd_jstr(cols[c], "mode"));
         gcd_sb_printf(b, "\n");
-        row = 0;
-        cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+        gcd_rows_begin(cur, cols, ncol);
+        for (; cur[0]; gcd_rows_next(cur, ncol)) {
+            p0 = cur[0];
             gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
             for (int c = 0; c < ncol; c++) {
-                const cJSON *p = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cols[c], "params"), row);
+                const cJSON *p = cur[c];
                 if (p && !gcd_jbool(p, "moved_any")) snprintf(cell, sizeof cell, "0 (never)");
                 else snprintf(cell, sizeof cell, "%.3e", p ? gcd_jnum(p, "moved") : NAN);
                 gcd_sb_printf(b, " | %-14s", cell);
             }
             gcd_sb_printf(b, "\n");
-            row++;
         }
     }
     gcd_sb_printf(b, "\n");

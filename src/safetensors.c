@@ -84,7 +84,7 @@ static int whole(const cJSON *v, uint64_t *out) {
 }
 
 static int by_name(const void *a, const void *b) {
-    return strcmp(((const gcd_st_tensor *)a)->name, ((const gcd_st_tensor *)b)->name);
+    return strcmp((*(const gcd_st_tensor *const *)a)->name, (*(const gcd_st_tensor *const *)b)->name);
 }
 static int by_begin(const void *a, const void *b) {
     const gcd_st_tensor *x = *(const gcd_st_tensor *const *)a, *y = *(const gcd_st_tensor *const *)b;
@@ -194,16 +194,14 @@ int gcd_st_parse(gcd_st_file *f, const unsigned char *buf, uint64_t avail, uint6
         if (tensor_entry(t, v, path, err, len)) goto out;
     }
     // names are unique
-    gcd_st_tensor *sorted = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *sorted);
-    memcpy(sorted, f->tensor, (size_t)f->ntensor * sizeof *sorted);
+    gcd_st_tensor **sorted = f->by_name = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *sorted);
+    for (int i = 0; i < f->ntensor; i++) sorted[i] = &f->tensor[i];
     qsort(sorted, (size_t)f->ntensor, sizeof *sorted, by_name);
     for (int i = 1; i < f->ntensor; i++)
-        if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
-            fail(err, len, path, sorted[i].name, "appears twice in the header");
-            free(sorted);
+        if (!strcmp(sorted[i]->name, sorted[i - 1]->name)) {
+            fail(err, len, path, sorted[i]->name, "appears twice in the header");
             goto out;
         }
-    free(sorted);
     // the tensors tile the data exactly: sorted by begin, each starts where the last ended
     gcd_st_tensor **at = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *at);
     for (int i = 0; i < f->ntensor; i++) at[i] = &f->tensor[i];
@@ -258,7 +256,7 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off, size_t *got) {
 int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len) {
     memset(f, 0, sizeof *f);
     f->path = gcd_strdup(path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   // a FIFO must not block: fstat rejects it below
     if (f->fd < 0) return fail(err, len, path, NULL, "%s", strerror(errno));
     struct stat st;
     if (fstat(f->fd, &st)) return fail(err, len, path, NULL, "fstat: %s", strerror(errno));
@@ -294,9 +292,10 @@ const char *gcd_st_meta(const gcd_st_file *f, const char *key) {
 }
 
 const gcd_st_tensor *gcd_st_find(const gcd_st_file *f, const char *name) {
-    for (int i = 0; i < f->ntensor; i++)
-        if (!strcmp(f->tensor[i].name, name)) return &f->tensor[i];
-    return NULL;
+    gcd_st_tensor key = { .name = (char *)name }, *k = &key, **t;
+    if (!f->by_name) return NULL;
+    t = bsearch(&k, f->by_name, (size_t)f->ntensor, sizeof *f->by_name, by_name);
+    return t ? *t : NULL;
 }
 
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len) {
@@ -315,7 +314,7 @@ void gcd_st_close(gcd_st_file *f) {
     if (f->fd >= 0) close(f->fd);
     for (int i = 0; i < f->ntensor; i++) free(f->tensor[i].name);
     for (int i = 0; i < f->nmeta; i++) free(f->meta_key[i]), free(f->meta_val[i]);
-    free(f->tensor), free(f->meta_key), free(f->meta_val), free(f->path);
+    free(f->tensor), free(f->by_name), free(f->meta_key), free(f->meta_val), free(f->path);
     memset(f, 0, sizeof *f);
     f->fd = -1;
 }

@@ -37,6 +37,7 @@ typedef struct {
     int64_t mtime_ns;
     int ntensor;
     gcd_st_tensor *tensor;      // (ntensor) in header order
+    gcd_st_tensor **by_name;    // (ntensor) the same, sorted by name: gcd_st_find's index
     int nmeta;
     char **meta_key, **meta_val;   // (nmeta)
 } gcd_st_file;
@@ -64,6 +65,8 @@ void gcd_st_release(const gcd_st_file *f, const gcd_st_tensor *t);
 extern float gcd_f16_table[65536];   // F16 bits -> float, filled by the first gcd_st_bytes
 // Has the file changed since it was opened (size, inode, mtime)? Returns 0, or -1 with err set.
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len);
+// Unmaps, closes and frees. A file filled by gcd_st_parse alone must have fd = -1 (a zeroed struct's
+// fd 0 is stdin).
 void gcd_st_close(gcd_st_file *f);
 
 // SIGBUS on a mapped file that shrank under us: install the handler, point gcd_st_jmp (this thread's)

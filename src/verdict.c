@@ -69,6 +69,11 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
     if (p->nhave == 0) { p->status = GCD_ST_NONE; return; }
     if (s->nonfinite) { p->status = GCD_ST_NONFINITE; return; }
     p->norm = sqrt(s->gg);
+    if (p->n == 0) {   // no values: nothing can be wrong with them
+        p->status = s->has_ref ? GCD_ST_OK : GCD_ST_PRESENT;
+        if (p->nhave < world) p->status = GCD_ST_PARTIAL;
+        return;
+    }
     if (s->has_ref) {
         double rr = s->rr, gg = s->gg;
         p->rel_err = rr > 0 ? sqrt(s->dd) / p->ref_norm : (gg > 0 ? INFINITY : 0);

@@ -140,7 +140,20 @@ static void partial_should_name_every_rank(void) {
     free(res.finding);
 }
 
+// a tensor with no elements, shape (0, 3): nothing can be wrong with it
+static void empty_tensor_should_be_fine(void) {
+    gcd_param_result p = { .name = "empty", .n = 0, .nhave = 4 };
+    gcd_sums s;
+    gcd_sums_init(&s, 1);
+    gcd_classify_sums(&p, &s, 4, GCD_TOL);
+    CHECK(p.status == GCD_ST_OK, "an empty tensor with a reference: %s, expected ok", gcd_status_str(p.status));
+    gcd_sums_init(&s, 0);
+    gcd_classify_sums(&p, &s, 4, GCD_TOL);
+    CHECK(p.status == GCD_ST_PRESENT, "an empty tensor without a reference: %s, expected present", gcd_status_str(p.status));
+}
+
 int main(void) {
+    empty_tensor_should_be_fine();
     every_status_should_come_from_the_numbers();
     words_should_group_and_count();
     partial_should_name_every_rank();
