@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -311,7 +312,7 @@ void gcd_check_free(gcd_check_set *set) {
 }
 
 // ----------------------------------------------------------------------------
-// sha256 of every file, on a second thread while the first one scans (pread: no SIGBUS there)
+// sha256 of every file, on a second thread while the first one scans
 
 typedef struct {
     gcd_check_set *set;
@@ -323,12 +324,25 @@ static void *hash_files(void *arg) {
     gcd_check_set *set = h->set;
     size_t cap = 1 << 20;
     unsigned char *buf = gcd_malloc(cap);
+    const gcd_st_file *volatile f = NULL;
+    sigjmp_buf jb;
+    gcd_st_guard_install();
+    gcd_st_jmp = &jb;   // this thread's own guard: a mapped file that shrinks while it is hashed
+    if (sigsetjmp(jb, 1)) {
+        snprintf(h->err, sizeof h->err, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
+        goto out;
+    }
     for (int k = 0; k <= set->world && !h->err[0]; k++) {
-        const gcd_st_file *f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+        f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
         if (!f) { set->sha256[k][0] = 0; continue; }
         gcd_sha256 s;
         gcd_sha256_init(&s);
-        for (uint64_t at = 0; at < f->size;) {
+        for (uint64_t at = 0, piece = 64u << 20; f->map && at < f->size; at += piece) {   // from the mapping: no copy
+            size_t k = f->size - at < piece ? (size_t)(f->size - at) : (size_t)piece;
+            gcd_sha256_update(&s, f->map + at, k);
+            madvise((void *)(f->map + at), k, MADV_DONTNEED);   // and out of the resident set again (piece: page-aligned)
+        }
+        for (uint64_t at = 0; !f->map && at < f->size;) {
             ssize_t got = pread(f->fd, buf, cap, (off_t)at);
             if (got < 0 && errno == EINTR) continue;
             if (got <= 0) {
@@ -342,6 +356,8 @@ static void *hash_files(void *arg) {
         gcd_sha256_final(&s, dig);
         gcd_sha256_hex(dig, set->sha256[k]);
     }
+out:
+    gcd_st_jmp = NULL;
     free(buf);
     return NULL;
 }

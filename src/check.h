@@ -16,7 +16,7 @@ typedef struct {
     const char *const *ignore;  // fnmatch patterns over parameter names
     int nignore;
     double tol;                 // 0: from the dtypes read
-    int no_hash;                // skip the sha256 of each file
+    int no_hash;                // no sha256 of the files (no report is written to hold it)
 } gcd_check_opts;
 
 typedef struct {

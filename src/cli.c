@@ -58,7 +58,7 @@ static const char usage[] =
     "  --ignore GLOB        leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')\n"
     "  --tol X              relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)\n"
     "  --json PATH|- --no-json   as for run\n"
-    "  --no-hash            leave out the sha256 of each dump (hashing runs at ~1.4 GB/s, slower than the scan)\n"
+
     "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n"
     "\n"
     "gather modes:\n"
@@ -529,7 +529,6 @@ static int check_main(int argc, char **argv) {
         else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
         else if (!strcmp(flag, "--json")) json = v;
         else if (!strcmp(flag, "--no-json")) no_json = 1;
-        else if (!strcmp(flag, "--no-hash")) o.no_hash = 1;
         else if (!strcmp(flag, "--snippet")) { fputs(gcd_check_snippet, stdout); free(dumps), free(ignore); return fflush(stdout) ? 3 : 0; }
         else if (!strcmp(flag, "--tol")) {
             char *end;
@@ -540,6 +539,7 @@ static int check_main(int argc, char **argv) {
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
     if (!rc && !no_json) rc = report_path_ok(json);
+    o.no_hash = no_json;   // the sha256 of each dump goes into the report; without one, no hashing
     if (rc) { free(dumps), free(ignore); return rc; }
 
     double t0 = now();

@@ -421,7 +421,7 @@ static cJSON *dump_entry(const gcd_st_file *f, int rank, const char *sha256) {
     put(o, "path", cJSON_CreateString(f->path));
     put(o, "rank", cJSON_CreateNumber(rank));
     put(o, "bytes", cJSON_CreateNumber((double)f->size));
-    put(o, "sha256", str_or_null(sha256));   // null: --no-hash
+    put(o, "sha256", str_or_null(sha256));
     cJSON *m = put(o, "metadata", cJSON_CreateObject());
     for (int i = 0; i < f->nmeta; i++) put(m, f->meta_key[i], cJSON_CreateString(f->meta_val[i]));
     return o;
