@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -178,16 +177,12 @@ def run_ddp(out):
     procs = [ctx.Process(target=worker, args=(r, out, initfile)) for r in range(W)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()
-        procs[r].join(10)
-    codes = [p.exitcode for p in procs]
-    return check(not hung and codes == [0] * W, f"DDP run: {W} gloo ranks, {len(SCENARIOS)} scenarios, dumps read back",
-                 f"ranks {hung} still running after {TIMEOUT_S} s (killed)" if hung else f"exit codes {codes}")
+    from gradcheck_dist.harness import _join_all   # bounded: the ranks still running at the deadline are killed
+    try:
+        codes, why = _join_all(procs, TIMEOUT_S, "DDP run"), None
+    except RuntimeError as e:
+        codes, why = None, str(e)
+    return check(codes == [0] * W, f"DDP run: {W} gloo ranks, {len(SCENARIOS)} scenarios, dumps read back", why or f"exit codes {codes}")
 
 
 def reference(out):
