@@ -36,8 +36,12 @@ void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_r
 char *gcd_json_print(const cJSON *doc);
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
-// Parses and checks a report; NULL with a one-line reason in err.
+#define GCD_REPORT_MAX_BYTES (1ull << 30)   // a report over 1 GiB is refused before it is read
+// Reads, parses and checks a report (a regular file, or "-" for stdin); NULL with a one-line reason,
+// naming the file and the JSON path of a bad key, in err.
 cJSON *gcd_report_load(const char *path, char *err, size_t len);
+// The same from memory (name: for the messages).
+cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len);
 double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
 
 // ----------------------------------------------------------------------------

@@ -122,7 +122,7 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
         double v = step_mean(row);
         if (s == 0) first = v;
         last = v;
-        lo = fmin(lo, v), hi = fmax(hi, v);
+        if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);   // the scale from finite losses only
         s++;
     }
     gcd_sb_printf(b, "%-10.6g ", first);
@@ -131,7 +131,8 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
     cJSON_ArrayForEach(row, steps) {   // one pass: the column's step comes up in order
         if (col < width && s == (int)((long)col * (n - 1) / (width > 1 ? width - 1 : 1))) {
             double x = step_mean(row);
-            int level = hi > lo && isfinite(x) ? (int)((x - lo) / (hi - lo) * 7.999) : 0;
+            double at = hi > lo && isfinite(x) ? (x - lo) / (hi - lo) * 7.999 : 0;
+            int level = at > 0 ? (at < 7 ? (int)at : 7) : 0;
             gcd_sb_printf(b, "%s", isfinite(x) ? bar[level] : "?");
             col++;
         }

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Fuzz the safetensors reader: build tests/fuzz_safetensors.c with clang (libFuzzer, ASan, UBSan) into
-# BUILD_DIR, write the seed corpus (tests/fuzz_seeds.py), run for GCD_FUZZ_SECONDS (default 60).
-#   tests/fuzz.sh BUILD_DIR [PYTHON]
+# Fuzz a parser with clang (libFuzzer, ASan, UBSan), built into BUILD_DIR, for GCD_FUZZ_SECONDS (default 60):
+#   safetensors: the dump reader (tests/fuzz_safetensors.c), seeds from tests/fuzz_seeds.py;
+#   report:      the report loader and the renderings (tests/fuzz_report.c), seeds: reports that
+#                GRADCHECK_DIST writes (run and check), and edge cases.
+#   tests/fuzz.sh BUILD_DIR [PYTHON] [safetensors|report] [GRADCHECK_DIST]
 # Any crash, leak, UB report, timeout (5 s an input) or RSS over 2 GB fails; the reproducer is left in
 # BUILD_DIR/artifacts. Needs clang and libclang-rt-14-dev (libFuzzer) on Debian 12.
 # The last line is `1 passed, 0 failed` or `0 passed, 1 failed`.
 set -u
 build=${1:?usage: fuzz.sh BUILD_DIR [PYTHON]}
 python=${2:-/usr/bin/python3}
+target=${3:-safetensors}
+gcd=${4:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${GCD_FUZZ_SECONDS:-60}
 cc=${GCD_FUZZ_CC:-clang}
@@ -23,20 +27,43 @@ build=$(cd "$build" && pwd)
 command -v "$cc" >/dev/null || fail "no $cc: apt-get install clang libclang-rt-14-dev"
 cjson=$(pkg-config --cflags --libs libcjson) || fail "no libcjson (pkg-config): apt-get install libcjson-dev"
 
+case $target in
+    safetensors) sources=("$root/src/safetensors.c") ;;
+    report) sources=("$root/src/report_io.c" "$root/src/report_text.c" "$root/src/report_md.c" "$root/src/report_junit.c") ;;
+    *) fail "unknown target '$target': safetensors or report" ;;
+esac
+exe=$build/fuzz_$target
 # shellcheck disable=SC2086
-"$cc" -g -O1 -std=gnu11 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root/src" "$root/src/safetensors.c" "$root/src/util.c" "$root/tests/fuzz_safetensors.c" $cjson -lm -lpthread \
-    -o "$build/fuzz_safetensors" ||
+"$cc" -g -O1 -std=gnu11 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DGCD_VERSION='"fuzz"' \
+    -I"$root/src" -I"$root/probes" "${sources[@]}" "$root/src/util.c" "$root/tests/fuzz_$target.c" $cjson -lm -lpthread \
+    -o "$exe" ||
     fail "the fuzz target does not build (libFuzzer is in libclang-rt-14-dev on Debian 12)"
 
 rm -rf "$build/seeds" "$build/artifacts"
-mkdir -p "$build/seeds" "$build/corpus" "$build/artifacts"
-"$python" "$root/tests/fuzz_seeds.py" "$build/seeds" || fail "fuzz_seeds.py failed"
+mkdir -p "$build/seeds" "$build/corpus" "$build/artifacts"   # one BUILD_DIR per target
+if [ "$target" = safetensors ]; then
+    "$python" "$root/tests/fuzz_seeds.py" "$build/seeds" || fail "fuzz_seeds.py failed"
+else   # real reports of every kind, and the edges that once crashed a rendering
+    [ -x "$gcd" ] || fail "the report target needs GRADCHECK_DIST (4th argument) to write its seeds"
+    (cd "$build/seeds" && "$gcd" run --world 1 --json run1.json >/dev/null 2>&1 && "$gcd" run --world 2 --probe contrastive --steps 3 \
+        --local-loss --json steps.json >/dev/null 2>&1 && "$gcd" run --world 2 --probe simplenet --summary-only --json summary.json >/dev/null 2>&1) ||
+        fail "gradcheck-dist could not write the seed reports"
+    "$python" - "$build/seeds" <<'PY' || fail "the edge seeds could not be written"
+import json, sys, os
+d = sys.argv[1]
+r = json.load(open(os.path.join(d, "steps.json")))
+r["runs"][0]["loss"]["per_step"] = [["-inf", "-inf"], [5, 5], [3, "nan"], ["inf", 1]]
+json.dump(r, open(os.path.join(d, "inf_steps.json"), "w"))
+r["command"] = ["gradcheck-dist", "run", "a\n```\nb", "`x`", "'q'"]
+r["runs"][0]["findings"][0]["message"] = "<&\"'>\u0001\udcff"
+json.dump(r, open(os.path.join(d, "escapes.json"), "w"))
+PY
+fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # the corpus directory comes first: what the fuzzer finds goes there and is kept for the next run
-"$build/fuzz_safetensors" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=5 -max_len=16384 \
+"$exe" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=5 -max_len=$([ "$target" = report ] && echo 262144 || echo 16384) \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/" "$build/corpus" "$build/seeds" >"$build/fuzz.log" 2>&1
 rc=$?
 grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb)' "$build/fuzz.log"
@@ -48,6 +75,6 @@ if [ "$rc" -ne 0 ] || [ -n "$left" ]; then
         base64 -w 0 "$a" >&2
         echo >&2
     done
-    fail "libFuzzer exit $rc; reproduce with: $build/fuzz_safetensors ${left:-ARTIFACT}"
+    fail "libFuzzer exit $rc; reproduce with: $exe ${left:-ARTIFACT}"
 fi
 echo "1 passed, 0 failed"

@@ -122,6 +122,13 @@ for f in foreign.json truncated.json newer.json missing.json; do
     grep -q "$f" <<<"$out" || fail "report $f: the message does not name the file: $out"
 done
 "$G" report truncated.json 2>&1 | grep -q "truncated" || fail "a truncated report must be called truncated"
+# not a regular file: refused at once (a FIFO with no writer must not hang), stdin as "-"
+mkfifo report.fifo
+for f in report.fifo /dev/zero /dev/urandom .; do
+    out=$(timeout 10 "$G" report "$f" 2>&1) && rc=0 || rc=$?
+    [ $rc = 2 ] && grep -q "not a regular file" <<<"$out" || fail "report $f: exit $rc, expected 2 'not a regular file': $out"
+done
+"$G" report - <run.json | diff - report.txt >/dev/null || fail "report - must read the report from stdin"
 "$G" report newer.json 2>&1 | grep -q "newer" || fail "a newer schema must be called newer"
 
 # ---- inside an MPI job: --world must agree with the job

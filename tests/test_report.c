@@ -164,6 +164,25 @@ static void bad_reports_should_be_rejected(void) {
     char *noruns = cJSON_Print(doc);
     load_should_reject("noruns.json", noruns, strlen(noruns), "runs");
     free(text), free(newer), free(noruns);
+    // schema versions compared exactly; numbers the renderings use checked, the bad key named by its path
+    static const char *const odd[] = { "gradcheck-dist.report/-1", "gradcheck-dist.report/abc", "gradcheck-dist.report/", "gradcheck-dist.report/1x" };
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        cJSON *d = nonfinite_report();
+        cJSON_ReplaceItemInObject(d, "schema", cJSON_CreateString(odd[i]));
+        char *t = cJSON_Print(d);
+        load_should_reject("odd-schema.json", t, strlen(t), "not one this gradcheck-dist");
+        free(t), cJSON_Delete(d);
+    }
+    static const char *const bad_numbers[] = { "runs[0].params[1].shape", "environment.world", "exit_code" };   // the path named
+    for (size_t i = 0; i < sizeof bad_numbers / sizeof bad_numbers[0]; i++) {
+        cJSON *d = nonfinite_report();
+        if (i == 0) cJSON_ReplaceItemInArray(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(d, "runs"), 0), "params"), 1), "shape"), 0, cJSON_CreateNumber(1e12));
+        if (i == 1) cJSON_ReplaceItemInObject(cJSON_GetObjectItem(d, "environment"), "world", cJSON_CreateNumber(-3));
+        if (i == 2) cJSON_ReplaceItemInObject(d, "exit_code", cJSON_CreateNumber(2147483648.0));
+        char *t = cJSON_Print(d);
+        load_should_reject("bad-number.json", t, strlen(t), bad_numbers[i]);
+        free(t), cJSON_Delete(d);
+    }
     cJSON_Delete(doc);
 }
 
