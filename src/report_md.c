@@ -10,19 +10,33 @@
 
 static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
 
-// "|" would end a Markdown table cell; runs of blanks (the text table's padding) become one
+// "|" would end a Markdown table cell and a newline the cell or list item; runs of blanks (the text
+// table's padding) become one
 static void cell(gcd_sb *b, const char *s) {
     for (const char *p = s; *p; p++) {
         if (*p == ' ' && (p[1] == ' ' || p[1] == 0)) continue;
-        gcd_sb_printf(b, *p == '|' ? "\\|" : "%c", *p);
+        if (*p == '|') gcd_sb_printf(b, "\\|");
+        else gcd_sb_printf(b, "%c", *p == '\n' || *p == '\r' ? ' ' : *p);
     }
+}
+
+// a code fence longer than any run of backticks in the text, so that nothing in it can close it
+static void fence(gcd_sb *b, const char *text, const char *info) {
+    int longest = 0, run = 0;
+    for (const char *p = text; *p; p++) run = *p == '`' ? run + 1 : 0, longest = run > longest ? run : longest;
+    for (int i = 0; i < (longest < 3 ? 3 : longest + 1); i++) gcd_sb_append(b, "`", 1);
+    gcd_sb_printf(b, "%s\n", info);
 }
 
 // the first thing a reader should know: the first unmet expectation, or that all is well
 static void title(gcd_sb *b, const cJSON *doc) {
     const cJSON *e;
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
-        if (!gcd_jbool(e, "met")) return gcd_sb_printf(b, "# gradcheck-dist: %s\n\n", gcd_jstr(e, "message"));
+        if (!gcd_jbool(e, "met")) {
+            gcd_sb_printf(b, "# gradcheck-dist: ");
+            cell(b, gcd_jstr(e, "message"));
+            return gcd_sb_printf(b, "\n\n");
+        }
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
     if (cJSON_IsObject(err)) return gcd_sb_printf(b, "# gradcheck-dist: run failed on rank %d: %s\n\n", gcd_jint(err, "rank"), gcd_jstr(err, "message"));
@@ -32,19 +46,29 @@ static void title(gcd_sb *b, const cJSON *doc) {
 static void command(gcd_sb *b, const cJSON *doc) {
     const cJSON *a;
     int i = 0;
-    gcd_sb_printf(b, "```sh\n");
+    gcd_sb line = { 0 };
     cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(doc, "command")) {
         const char *s = cJSON_IsString(a) ? a->valuestring : "";
         if (i++ == 0) s = "gradcheck-dist";   // argv[0] was this machine's path
-        if (strpbrk(s, " \t'\"$`\\|&;<>()*?") || !*s) {
-            gcd_sb_printf(b, " '");
-            for (; *s; s++) gcd_sb_printf(b, *s == '\'' ? "'\\''" : "%c", *s);
-            gcd_sb_printf(b, "'");
+        gcd_sb_printf(&line, "%s", i > 1 ? " " : "");
+        if (strpbrk(s, " \t\n\r'\"$`\\|&;<>()*?#~") || !*s) {   // quoted: '...', a quote as '\'', a newline as $'\n'
+            gcd_sb_printf(&line, "'");
+            for (; *s; s++) {
+                if (*s == '\'') gcd_sb_printf(&line, "'\\''");
+                else if (*s == '\n' || *s == '\r') gcd_sb_printf(&line, "'$'\\%c''", *s == '\n' ? 'n' : 'r');
+                else gcd_sb_printf(&line, "%c", *s);
+            }
+            gcd_sb_printf(&line, "'");
         } else {
-            gcd_sb_printf(b, "%s%s", i > 1 ? " " : "", s);
+            gcd_sb_printf(&line, "%s", s);
         }
     }
-    gcd_sb_printf(b, "\n```\n\n");
+    const char *text = line.s ? line.s : "";
+    fence(b, text, "sh");
+    gcd_sb_printf(b, "%s\n", text);
+    fence(b, text, "");
+    gcd_sb_printf(b, "\n");
+    gcd_sb_free(&line);
 }
 
 char *gcd_render_md(const cJSON *doc) {
@@ -89,14 +113,20 @@ char *gcd_render_md(const cJSON *doc) {
         cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) {
             if (!gcd_jbool(f, "counts")) continue;
             char t[160];
-            gcd_sb_printf(&b, "- **%s, mode %s** (%s): %s\n", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), gcd_jstr(run, "role"), gcd_jstr(f, "message"));
+            gcd_sb_printf(&b, "- **%s, mode %s** (%s): ", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), gcd_jstr(run, "role"));
+            cell(&b, gcd_jstr(f, "message"));
+            gcd_sb_printf(&b, "\n");
             nf++;
         }
     }
     if (!nf) gcd_sb_printf(&b, "None: every gradient matches the single-process reference.\n");
     gcd_sb_printf(&b, "\n## Expectations\n\n");
     const cJSON *e;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) gcd_sb_printf(&b, "- %s %s\n", gcd_jbool(e, "met") ? "ok:" : "**FAILED:**", gcd_jstr(e, "message"));
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
+        gcd_sb_printf(&b, "- %s ", gcd_jbool(e, "met") ? "ok:" : "**FAILED:**");
+        cell(&b, gcd_jstr(e, "message"));
+        gcd_sb_printf(&b, "\n");
+    }
 
     gcd_sb_printf(&b, "\n## Gradients per parameter and gather mode\n\nCell: status, L2 norm of the DDP-mean gradient, and its scale (xC) or cosine against the single-process reference.\n\n");
     int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS);
@@ -127,7 +157,14 @@ char *gcd_render_md(const cJSON *doc) {
     char *json = gcd_json_print(doc);
     if (json && strlen(json) > 40000)   // a ticket body holds 65536 characters: the report goes as an attachment
         gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\nThe JSON report is %zu bytes, too long for a ticket: attach the file.\n\n</details>\n", strlen(json));
-    else gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n```json\n%s\n```\n\n</details>\n", json ? json : "(out of memory)");
+    else {
+        const char *text = json ? json : "(out of memory)";
+        gcd_sb_printf(&b, "<details><summary>Full JSON report</summary>\n\n");
+        fence(&b, text, "json");
+        gcd_sb_printf(&b, "%s\n", text);
+        fence(&b, text, "");
+        gcd_sb_printf(&b, "\n</details>\n");
+    }
     free(json);
     return b.s;
 }

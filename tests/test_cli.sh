@@ -129,6 +129,27 @@ for f in report.fifo /dev/zero /dev/urandom .; do
     [ $rc = 2 ] && grep -q "not a regular file" <<<"$out" || fail "report $f: exit $rc, expected 2 'not a regular file': $out"
 done
 "$G" report - <run.json | diff - report.txt >/dev/null || fail "report - must read the report from stdin"
+# hostile strings in a report: JUnit stays well-formed XML, Markdown's fences and items cannot be broken
+"$PY" - run.json escapes.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r["command"] = ["gradcheck-dist", "run", "a\n```\n# injected", "````x", "it's"]
+f = r["runs"][0]["findings"][0]
+f["message"], f["counts"] = "<&\"'> line\nbreak \u0001 ```", True
+r["expectations"][0]["met"], r["expectations"][0]["message"] = False, "bad <tag> & \"quote\"\n# heading"
+json.dump(r, open(sys.argv[2], "w"))
+PY
+"$G" report escapes.json --format junit >escapes.xml || fail "junit of escapes.json failed"
+"$PY" -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' escapes.xml || fail "the JUnit of hostile strings is not well-formed XML"
+"$G" report escapes.json --format md >escapes.md || fail "md of escapes.json failed"
+"$PY" - escapes.md <<'PY' || fail "the Markdown of hostile strings can be broken out of"
+import re, sys
+md = open(sys.argv[1]).read().split("\n")
+assert not any(l.startswith("# injected") or l.startswith("# heading") for l in md), "a line broke out"
+i = md.index("## Reproduce") + 2
+fence = re.match(r"^(`{3,})sh$", md[i]).group(1)
+assert md[i + 2] == fence and fence not in md[i + 1], (md[i:i + 3])
+PY
 "$G" report newer.json 2>&1 | grep -q "newer" || fail "a newer schema must be called newer"
 
 # ---- inside an MPI job: --world must agree with the job
