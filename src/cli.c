@@ -44,7 +44,7 @@ static const char usage[] =
     "  --seed S             seed for weights and inputs (default 42)\n"
     "  --local-loss         contrastive: open_clip local_loss=True\n"
     "  --batch B --dim-img D --dim-txt D --dim-emb E   contrastive sizes (default 4, 8, 6, 4)\n"
-    "  --steps N --lr X     then take N SGD steps per mode (default 0, lr 0.1)\n"
+    "  --steps N --lr X     then take N SGD steps per mode (default 0, at most 100000; lr 0.1)\n"
     "  --backend mpi|nccl   collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)\n"
     "  --hostfile FILE      passed to mpirun\n"
     "  --json PATH|-        where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
@@ -174,6 +174,7 @@ static int parse_run(int argc, char **argv, options *o) {
             else if (i + 1 < argc) v = argv[++i];
             else return bad(flag, "%s", "missing value");
             if (!*v) return bad(flag, "%s", "empty value");
+            if (!eq && !strncmp(v, "--", 2)) return bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v);
         } else if (eq) {
             return bad(flag, "%s", "takes no value");
         }
@@ -188,7 +189,7 @@ static int parse_run(int argc, char **argv, options *o) {
             if (!strcmp(v, "seed") || !strcmp(v, "random")) o->cfg.inputs_random = !strcmp(v, "random");
             else rc = bad(flag, "expected seed or random, got '%s'", v);
         } else if (!strcmp(flag, "--seed")) rc = parse_int(flag, v, 0, (1L << 53) - 1, &x), o->cfg.seed = (uint64_t)x;   // a report's number is exact below 2^53
-        else if (!strcmp(flag, "--steps")) rc = parse_int(flag, v, 0, 1000000, &x), o->steps = (int)x;
+        else if (!strcmp(flag, "--steps")) rc = parse_int(flag, v, 0, 100000, &x), o->steps = (int)x;
         else if (!strcmp(flag, "--batch")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.batch = (int)x;
         else if (!strcmp(flag, "--dim-img")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_img = (int)x;
         else if (!strcmp(flag, "--dim-txt")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_txt = (int)x;
@@ -213,6 +214,8 @@ static int parse_run(int argc, char **argv, options *o) {
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
     if (!o->no_json && report_path_ok(o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
+    if (o->cfg.inputs_random && !strcmp(o->probe, "contrastive"))
+        return bad("--inputs", "%s", "applies to the simplenet probe only (the contrastive probe's inputs always differ per rank)");
     return 0;
 }
 
@@ -257,14 +260,51 @@ static long physical_cores(void) {
     return n > 0 ? n : cpus;
 }
 
+// bytes a run needs at most, roughly: every rank's pass on this machine (its features, the gathered
+// copies, the N x N logits and their gradients, N = world x batch) and rank 0's single-process reference
+static double run_bytes(const options *o, int world) {
+    double per_process = 64e6;   // MPI, the program, its arenas' first chunks
+    if (!strcmp(o->probe, "simplenet")) return world * per_process;
+    double N = (double)o->cfg.batch * world, E = o->cfg.dim_emb, D = (double)o->cfg.dim_img + o->cfg.dim_txt;
+    double pass = 8 * (12 * N * N + 10 * N * (D + E) + 4 * E * D);
+    return world * (pass + per_process) + 1.5 * pass;
+}
+
+static double mem_available(void) {   // bytes, from /proc/meminfo; 0 when unknown
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+// Work that cannot be done is refused before any rank starts: more ranks than this machine can start
+// (32 a physical core, without a hostfile), more memory than it has available.
+static int feasible(const options *o, int world) {
+    long cap = 32 * physical_cores();
+    char msg[256];
+    if (!o->hostfile && world > cap) {
+        snprintf(msg, sizeof msg, "%d ranks are more than this machine can start (%ld: 32 a core); give --hostfile for more hosts", world, cap);
+        return bad("--world", "%s", msg);
+    }
+    double need = run_bytes(o, world), have = mem_available();
+    if (have > 0 && need > have) {
+        snprintf(msg, sizeof msg, "this run needs about %.3g GB (%d ranks, batch %d) and the machine has %.3g GB available: lower --batch, the dims or --world",
+                 need / 1e9, world, o->cfg.batch, have / 1e9);
+        return bad("--batch", "%s", msg);
+    }
+    return 0;
+}
+
 // The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
 // status: mpirun exiting with 1 because a launch failed is not a gradient finding.
 static int launch(const options *o, int argc, char **argv) {
     int world = o->world ? o->world : 2;
-    if (!strcmp(o->backend, "nccl")) {
-        int rc = nccl_precheck(o, world);
-        if (rc) return rc;
-    }
+    int rc = feasible(o, world);
+    if (rc) return rc;
+    if (!strcmp(o->backend, "nccl") && (rc = nccl_precheck(o, world))) return rc;
     char exe[PATH_MAX];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
@@ -524,12 +564,18 @@ static int check_main(int argc, char **argv) {
             else if (i + 1 < argc) v = argv[++i];
             else { rc = bad(flag, "%s", "missing value"); break; }
             if (!*v) { rc = bad(flag, "%s", "empty value"); break; }
+            if (!eq && !strncmp(v, "--", 2)) { rc = bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v); break; }
         } else if (eq) { rc = bad(flag, "%s", "takes no value"); break; }
         if (!strcmp(flag, "--ref")) o.ref = v;
         else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
         else if (!strcmp(flag, "--json")) json = v;
         else if (!strcmp(flag, "--no-json")) no_json = 1;
-        else if (!strcmp(flag, "--snippet")) { fputs(gcd_check_snippet, stdout); free(dumps), free(ignore); return fflush(stdout) ? 3 : 0; }
+        else if (!strcmp(flag, "--snippet")) {
+            int ok = fputs(gcd_check_snippet, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
+            free(dumps), free(ignore);
+            if (!ok) fprintf(stderr, "gradcheck-dist: check --snippet: writing to stdout: %s\n", strerror(errno ? errno : EIO));
+            return ok ? 0 : 3;
+        }
         else if (!strcmp(flag, "--tol")) {
             char *end;
             o.tol = strtod(v, &end);
@@ -612,10 +658,11 @@ static int report_main(int argc, char **argv) {
     cJSON *doc = gcd_report_load(file, err, sizeof err);
     if (!doc) return fprintf(stderr, "gradcheck-dist: report: %s\n", err), 2;
     char *text = !strcmp(format, "md") ? gcd_render_md(doc) : !strcmp(format, "junit") ? gcd_render_junit(doc) : gcd_render_text(doc);
-    fputs(text, stdout);
+    int ok = fputs(text, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
     free(text);
     cJSON_Delete(doc);
-    return fflush(stdout) ? 3 : 0;
+    if (!ok) fprintf(stderr, "gradcheck-dist: report: writing to stdout: %s\n", strerror(errno ? errno : EIO));
+    return ok ? 0 : 3;
 }
 
 int main(int argc, char **argv) {

@@ -80,7 +80,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     res->lr = o->lr;
     res->cfg = o->cfg;
     res->nloss = o->steps > 0 ? o->steps : 1;
-    res->loss = gcd_malloc((size_t)res->nloss * W * sizeof(double));
+    res->loss = gcd_malloc((size_t)(root ? res->nloss : 1) * W * sizeof(double));   // the history lives on rank 0 only
 
     gcd_arena params_arena = { 0 }, pass = { 0 };
     gcd_ctx pc = gcd_ctx_make(&params_arena);
@@ -121,7 +121,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     for (int i = 0; i < P.n; i++) mean[i] = gcd_malloc(P.t[i]->n * sizeof(double));
     for (int s = 0; s < res->nloss; s++) {
         double loss = step(comm, o, &P, &pass);
-        comm->all_gather(comm, &loss, res->loss + (size_t)s * W, 1);
+        comm->all_gather(comm, &loss, res->loss + (root ? (size_t)s * W : 0), 1);
         for (int i = 0; i < P.n; i++) {
             gcd_param_result *p = &res->param[i];
             int first = s == 0;

@@ -75,7 +75,7 @@ typedef struct {
     size_t input_n[GCD_MAX_INPUTS];
     double *inputs[GCD_MAX_INPUTS];   // (world, input_n) every rank's inputs, rebuilt from (seed, rank)
     int nloss;                        // steps recorded (max(steps, 1))
-    double *loss;                     // (nloss, world)
+    double *loss;                     // (nloss, world), rank 0 only
     double ref_loss;                  // the reference objective: mean over ranks of loss_r
     int nfinding, cap_finding;
     gcd_finding *finding;             // (nfinding)

@@ -324,6 +324,20 @@ void gcd_verdict(gcd_run_result *res) {
                           p->rel_err, p->cosine);
         emit(res, "mismatch", 1, &ids, &m);
     }
+    if (res->steps > 0) {   // divergence: a loss or a parameter that stopped being a number
+        int at = -1;
+        for (int s = 0; s < res->nloss && at < 0; s++)
+            for (int k = 0; k < res->world; k++)
+                if (!isfinite(res->loss[(size_t)s * res->world + k])) at = s;
+        int bad_params = 0;
+        for (int i = 0; i < res->nparam; i++) bad_params += !isfinite(res->param[i].moved);
+        if (at >= 0 || bad_params) {
+            if (at >= 0) gcd_sb_printf(&m, "training diverged: the loss is not finite from step %d of %d (lr %g)", at + 1, res->steps, res->lr);
+            else gcd_sb_printf(&m, "training diverged: the loss stayed finite, but parameters did not (lr %g)", res->lr);
+            if (bad_params) gcd_sb_printf(&m, "; %d of %d parameters hold NaN or infinite values at the end", bad_params, res->nparam);
+            emit(res, "diverged", 1, NULL, &m);
+        }
+    }
     if (res->steps > 0 && (n = count(res, stuck, NULL))) {
         const double *first = res->loss, *last = res->loss + (size_t)(res->nloss - 1) * res->world;
         double l0 = 0, l1 = 0;

@@ -30,6 +30,11 @@ usage_error --inputs run --inputs some
 usage_error --seed run --seed -1
 usage_error --steps run --steps x
 usage_error --seed run --seed 9007199254740992
+usage_error --json run --json --summary-only
+usage_error --inputs run --probe contrastive --inputs random
+usage_error --world run --world 1025
+usage_error --batch run --probe contrastive --batch 1048576 --dim-img 1048576
+usage_error --steps run --steps 1000000
 usage_error --lr run --lr 0
 usage_error --batch run --batch 0
 usage_error --hostfile run --hostfile /nonexistent/hosts
@@ -111,6 +116,13 @@ grep -q "^contrastive (world 2)$" steps.txt || fail "contrastive inputs always d
 curve_last=$(grep -A1 "^  loss over 600 SGD steps" long.txt | tail -1 | awk '{print $NF}')
 said_last=$(sed -n 's/.*the loss went [^ ]* -> \([^ ]*\) over 600 steps.*/\1/p' long.txt)
 [ -n "$said_last" ] && [ "$curve_last" = "$said_last" ] || fail "--steps 600: the curve ends at '$curve_last', the finding says '$said_last'"
+
+# divergence is a finding, also in the configuration under test
+"$G" run --world 2 --probe contrastive --mode on --steps 5 --lr 1e308 --no-json >diverged.txt 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "training diverged: the loss is not finite from step" diverged.txt || fail "--lr 1e308 must be a 'diverged' finding, exit 1: exit $rc, $(grep '!' diverged.txt)"
+"$G" report run.json >/dev/full 2>full.err
+[ $? = 3 ] && grep -q "writing to stdout" full.err || fail "report > /dev/full must exit 3 naming the write"
 
 # ---- bad report files: exit 2, one line, the file named
 echo '{"hello": 1}' >foreign.json
