@@ -5,6 +5,9 @@
  * `report FILE` renders a saved report as text, Markdown or JUnit XML.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +50,8 @@ static const char usage[] =
     "  --steps N --lr X     then take N SGD steps per mode (default 0, at most 100000; lr 0.1)\n"
     "  --backend mpi|nccl   collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)\n"
     "  --hostfile FILE      passed to mpirun\n"
+    "  --timeout S          a collective not complete after S seconds stops the run, exit 3 (default 300,\n"
+    "                       or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job\n"
     "  --json PATH|-        where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
     "                       -: stdout, and the table goes to stderr)\n"
     "  --no-json            write no report\n"
@@ -87,6 +92,7 @@ typedef struct {
     double lr;
     const char *hostfile, *json, *backend;
     int no_json, summary_only;
+    double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
 
 static int bad(const char *flag, const char *fmt, const char *value) {
@@ -157,7 +163,13 @@ static int report_path_ok(const char *path) {
 }
 
 static int parse_run(int argc, char **argv, options *o) {
-    *o = (options){ .probe = "all", .lr = 0.1, .backend = "mpi" };
+    *o = (options){ .probe = "all", .lr = 0.1, .backend = "mpi", .timeout = 300 };
+    const char *env_timeout = getenv("GCD_TIMEOUT");
+    if (env_timeout && *env_timeout) {
+        char *end;
+        o->timeout = strtod(env_timeout, &end);
+        if (end == env_timeout || *end || !(o->timeout > 0 && o->timeout <= 1e6)) return bad("GCD_TIMEOUT", "expected seconds from 0 to 1e6, got '%s'", env_timeout);
+    }
     o->cfg = (gcd_probe_cfg){ .seed = 42, .batch = 4, .dim_img = 8, .dim_txt = 6, .dim_emb = 4 };
     for (int m = 0; m < GCD_GATHER_COUNT; m++) o->mode[o->nmode++] = m;
     for (int i = 2; i < argc; i++) {
@@ -166,7 +178,7 @@ static int parse_run(int argc, char **argv, options *o) {
         snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
         static const char *const valued[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
                                               "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", NULL };
+                                              "--json", "--timeout", NULL };
         int takes = 0;
         for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
         if (takes) {
@@ -198,6 +210,10 @@ static int parse_run(int argc, char **argv, options *o) {
             char *end;
             o->lr = strtod(v, &end);
             if (end == v || *end || !isfinite(o->lr) || o->lr <= 0) rc = bad(flag, "expected a positive number, got '%s'", v);
+        } else if (!strcmp(flag, "--timeout")) {
+            char *end;
+            o->timeout = strtod(v, &end);
+            if (end == v || *end || !(o->timeout > 0 && o->timeout <= 1e6)) rc = bad(flag, "expected seconds from 0 to 1e6, got '%s'", v);
         } else if (!strcmp(flag, "--hostfile")) {
             o->hostfile = v;
             if (access(v, R_OK)) rc = bad(flag, "cannot read '%s'", v);
@@ -298,6 +314,14 @@ static int feasible(const options *o, int world) {
     return 0;
 }
 
+// The launcher passes SIGINT, SIGTERM and SIGHUP on to mpirun (which ends the ranks) and waits for it;
+// mpirun gets SIGTERM too when the launcher dies by SIGKILL (PR_SET_PDEATHSIG).
+static volatile sig_atomic_t mpirun_pid, caught;
+static void forward_signal(int sig) {
+    caught = sig;
+    if (mpirun_pid > 0) kill((pid_t)mpirun_pid, sig);
+}
+
 // The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
 // status: mpirun exiting with 1 because a launch failed is not a gradient finding.
 static int launch(const options *o, int argc, char **argv) {
@@ -329,17 +353,29 @@ static int launch(const options *o, int argc, char **argv) {
     av[n++] = exe;
     for (int i = 1; i < argc; i++) av[n++] = argv[i];
     fflush(NULL);
-    pid_t pid = fork();
+    struct sigaction sa = { .sa_handler = forward_signal }, old[3];
+    sigemptyset(&sa.sa_mask);
+    static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
+    for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
+    pid_t parent = getpid(), pid = fork();
     if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), rmdir(dir), 3;
     if (pid == 0) {
+        for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(3);   // the launcher died before the line above
+        int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
+        if (null >= 0) dup2(null, 0), close(null);
         execvp(av[0], av);
         fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
         _exit(127);
     }
     free(av);
+    mpirun_pid = pid;
+    if (caught) kill(pid, caught);   // a signal between fork and here
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
+    mpirun_pid = 0;
     int code = -1;
     FILE *f = fopen(result, "r");
     if (f) {
@@ -348,6 +384,10 @@ static int launch(const options *o, int argc, char **argv) {
         unlink(result);
     }
     rmdir(dir);
+    if (caught) {
+        fprintf(stderr, "gradcheck-dist: interrupted by signal %d: mpirun and the ranks were ended, no verdict and no report\n", (int)caught);
+        return 3;
+    }
     char how[64];
     if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
     else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -370,7 +410,14 @@ static struct {
     cJSON *doc;
     char path[PATH_MAX];
     double t0;
+    volatile sig_atomic_t reserved, written;   // the default path was created empty for us; the report is in it
 } job;
+
+// rank 0, ended by a signal (mpirun forwards the launcher's): no half report, no empty reserved name
+static void rank0_signal(int sig) {
+    if (job.reserved && !job.written) unlink(job.path);
+    _exit(128 + sig);
+}
 
 static double now(void) {
     struct timespec ts;
@@ -383,17 +430,30 @@ static void write_error_report(const char *message) {
     if (!job.doc || !job.path[0]) return;
     char err[512];
     gcd_report_finish(job.doc, 3, message, 0, now() - job.t0);
-    if (gcd_report_write(job.doc, job.path, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
-    else if (strcmp(job.path, "-")) fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
+    if (gcd_report_write(job.doc, job.path, err, sizeof err)) {
+        fprintf(stderr, "gradcheck-dist: %s\n", err);
+        if (job.reserved) unlink(job.path);
+    } else if (strcmp(job.path, "-")) {
+        fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
+    }
+    job.written = 1;
 }
 
-static void default_report_path(char *path, size_t len) {
+// reports/gradcheck-<UTC time>[-N].json, created empty and exclusively (O_EXCL): runs started in the
+// same second never share a name. Returns 1 when a name was reserved.
+static int default_report_path(char *path, size_t len) {
     char stamp[32];
     time_t t = time(NULL);
     strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", gmtime(&t));
-    mkdir("reports", 0755);
-    snprintf(path, len, "reports/gradcheck-%s.json", stamp);
-    for (int i = 2; access(path, F_OK) == 0 && i < 1000; i++) snprintf(path, len, "reports/gradcheck-%s-%d.json", stamp, i);
+    mkdir("reports", 0777);
+    for (int i = 1; i < 10000; i++) {
+        if (i == 1) snprintf(path, len, "reports/gradcheck-%s.json", stamp);
+        else snprintf(path, len, "reports/gradcheck-%s-%d.json", stamp, i);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) return close(fd), 1;
+        if (errno != EEXIST) break;
+    }
+    return 0;   // the write will say why
 }
 
 static void environment(gcd_comm *comm, gcd_env *env, int root) {
@@ -466,6 +526,7 @@ static int rank_exit(int root, int code) {
 static int run_rank(const options *o, int argc, char **argv) {
     char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
     for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
+    gcd_mpi_set_timeout(o->timeout);   // MPI_Init too
     gcd_mpi_init(&argc, &argv);
     gcd_comm *comm = gcd_comm_mpi();
     int root = comm->rank == 0;
@@ -490,8 +551,11 @@ static int run_rank(const options *o, int argc, char **argv) {
     if (root) {
         job.doc = gcd_report_new(argc, args, &env);
         if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
-        else if (!o->no_json) default_report_path(job.path, sizeof job.path);
+        else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
         gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
+        struct sigaction sa = { .sa_handler = rank0_signal };
+        sigemptyset(&sa.sa_mask);
+        for (int sig = 0; sig < 3; sig++) sigaction((int[]){ SIGTERM, SIGINT, SIGHUP }[sig], &sa, NULL);
     }
 
     int all_met = 1;
@@ -502,6 +566,9 @@ static int run_rank(const options *o, int argc, char **argv) {
             gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr };
             if (strcmp(pr->name, "contrastive")) ro.cfg.local_loss = 0;
             gcd_run_result res;
+            char what[96];
+            snprintf(what, sizeof what, "probe %s, mode %s", pr->name, gcd_gather_mode_name(ro.mode));
+            gcd_comm_set_context(what);
             gcd_run(comm, &ro, &res);
             if (root) {
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
@@ -520,8 +587,10 @@ static int run_rank(const options *o, int argc, char **argv) {
             fprintf(stderr, "gradcheck-dist: %s\n", err);
             code = 3;
             gcd_report_finish(job.doc, code, err, 0, now() - job.t0);
+            if (job.reserved) unlink(job.path);   // no empty report left behind
             job.path[0] = 0;
         }
+        job.written = 1;
         char *text = gcd_render_text(job.doc);
         FILE *out = o->json && !strcmp(o->json, "-") ? stderr : stdout;
         fputs(text, out);
@@ -617,10 +686,11 @@ static int check_main(int argc, char **argv) {
 
     char path[PATH_MAX] = "";
     if (json) snprintf(path, sizeof path, "%s", json);
-    else if (!no_json) default_report_path(path, sizeof path);
+    int reserved = !json && !no_json && default_report_path(path, sizeof path);
     gcd_report_finish(doc, code, NULL, 0, now() - t0);
     if (path[0] && gcd_report_write(doc, path, err, sizeof err)) {
         fprintf(stderr, "gradcheck-dist: %s\n", err);
+        if (reserved) unlink(path);
         code = 3;
         gcd_report_finish(doc, code, err, 0, now() - t0);
         path[0] = 0;

@@ -30,6 +30,10 @@ void gcd_mpi_library_version(char *buf, int len);
 void gcd_mpi_bcast_bytes(void *buf, int len, int root);
 void gcd_mpi_local(int *local_rank, int *local_size);   // ranks sharing this node
 int gcd_mpi_any(int flag);                              // 1 when flag is set on any rank
+// Every MPI collective completes within this many seconds (default 300) or stops the job (exit 3),
+// naming the call and the context (the probe and mode running).
+void gcd_mpi_set_timeout(double seconds);
+void gcd_comm_set_context(const char *what);
 
 // ----------------------------------------------------------------------------
 // NCCL (comm_nccl.c, built when CUDA and NCCL are found)

@@ -2,6 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <signal.h>
+#include <unistd.h>
+#include <time.h>
 
 #include "comm.h"
 #include "util.h"
@@ -24,11 +28,49 @@ static void mpi_check(int err, const char *call, const char *file, int line) {
 
 static void abort_job(int code) { MPI_Abort(MPI_COMM_WORLD, code); exit(code); }
 
+// ----------------------------------------------------------------------------
+// deadlines: every collective is started non-blocking and polled, so a stopped, hung or dead peer is
+// an error naming the call and what was running, never a hang
+
+static double timeout_s = 300;
+static char context[160];
+
+void gcd_mpi_set_timeout(double seconds) { timeout_s = seconds; }
+void gcd_comm_set_context(const char *what) { snprintf(context, sizeof context, "%s", what ? what : ""); }
+
+#define mpiWait(req, name) mpi_wait(&(req), name, __FILE__, __LINE__)
+static void mpi_wait(MPI_Request *req, const char *name, const char *file, int line) {
+    double t0 = MPI_Wtime();
+    for (long spins = 0;; spins++) {
+        int done = 0;
+        mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), name, file, line);
+        if (done) return;
+        if (MPI_Wtime() - t0 > timeout_s)
+            gcd_fatal_at(file, line, "%s: not complete after %g s%s%s: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)", name, timeout_s,
+                         *context ? ", in " : "", context);
+        if (spins > 1000) nanosleep(&(struct timespec){ 0, 50000 }, NULL);   // past the first spins, poll every 50 us
+    }
+}
+
 int gcd_mpi_inside_job(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK"); }
+
+// MPI_Init waits for every rank: a peer stopped before it arrives would hang it, so it has the deadline too
+static void init_timeout(int sig) {
+    (void)sig;
+    static const char msg[] = "gradcheck-dist: MPI_Init: not complete within the timeout: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+    _exit(3);
+}
 
 void gcd_mpi_init(int *argc, char ***argv) {
     int rank;
+    struct sigaction sa = { .sa_handler = init_timeout }, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, &old);
+    alarm((unsigned)ceil(timeout_s));
     MPI_Init(argc, argv);
+    alarm(0);
+    sigaction(SIGALRM, &old, NULL);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     gcd_fatal_setup(rank, abort_job, NULL);
@@ -46,22 +88,31 @@ void gcd_mpi_finalize(void) {
 
 static void mpi_all_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
     (void)c;
-    mpiCheck(MPI_Allgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, world_comm));
+    MPI_Request r;
+    mpi_check(MPI_Iallgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, world_comm, &r), "MPI_Allgather", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Allgather");
 }
 
 static void mpi_reduce_scatter(gcd_comm *c, const double *send, double *recv, size_t n) {
     (void)c;
-    mpiCheck(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_DOUBLE, MPI_SUM, world_comm));
+    MPI_Request r;
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Reduce_scatter_block", __FILE__,
+              __LINE__);
+    mpiWait(r, "MPI_Reduce_scatter_block");
 }
 
 static void mpi_all_reduce(gcd_comm *c, double *buf, size_t n) {
     (void)c;
-    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, world_comm));
+    MPI_Request r;
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Allreduce", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Allreduce");
 }
 
 static void mpi_barrier(gcd_comm *c) {
     (void)c;
-    mpiCheck(MPI_Barrier(world_comm));
+    MPI_Request r;
+    mpi_check(MPI_Ibarrier(world_comm, &r), "MPI_Barrier", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Barrier");
 }
 
 gcd_comm *gcd_comm_mpi(void) {

@@ -4,6 +4,7 @@
  * (bounded, every key the renderings read validated, with the JSON path of a bad one). No probe, no
  * check, no MPI: the fuzz target links this file and the renderings alone.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "report.h"
@@ -97,6 +99,27 @@ static int write_direct(const char *text, const char *path, char *err, size_t le
     return ok ? 0 : -1;
 }
 
+// A writer killed mid-write leaves PATH.tmp.XXXXXX: the next write of PATH removes those over an hour
+// old (exactly that name pattern, never anything else, never a fresh one: it may be another writer's).
+static void remove_stale_temporaries(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    const char *base = slash ? slash + 1 : path;
+    size_t nb = strlen(base);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, nb) || strncmp(n + nb, ".tmp.", 5) || strlen(n + nb + 5) != 6) continue;
+        char full[PATH_MAX * 2];
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%s", dir, n);
+        if (lstat(full, &st) == 0 && S_ISREG(st.st_mode) && time(NULL) - st.st_mtime > 3600) unlink(full);
+    }
+    if (d) closedir(d);
+}
+
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
     char *text = gcd_json_print(doc);
     struct stat st;
@@ -122,6 +145,7 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
         free(text), free(real);
         return rc;
     }
+    remove_stale_temporaries(path);
     char *tmp = malloc(strlen(path) + 16);
     mallocCheck(tmp);
     sprintf(tmp, "%s.tmp.XXXXXX", path);

@@ -218,6 +218,62 @@ if [ -n "$FAULT" ]; then
     [ $rc = 3 ] || fail "a fatal error on rank 0 with orte_abort_on_non_zero_status=0 exited $rc, expected 3 (124: the job hung)"
 fi
 
+# ---- never hang, never leave anything behind: a stopped rank, signals to the launcher, stdin, names
+ranks_of() { pgrep -f -- "--steps $1" || true; }
+rank_pid() {   # STEPS RANK: the pid of that rank of the run marked by its --steps
+    local p
+    for p in $(ranks_of "$1"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$p"; return; }
+    done
+}
+has_rank() { [ -n "$(rank_pid "$1" "$2")" ]; }
+no_ranks() { [ -z "$(ranks_of "$1")" ]; }
+wait_for() {   # SECONDS COMMAND...: poll until the command succeeds
+    local end=$((SECONDS + $1))
+    shift
+    until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done
+}
+"$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99911 --timeout 3 --json stopped.json >stopped.txt 2>&1 &
+run=$!
+wait_for 20 has_rank 99911 1 && sleep 1.5 && kill -STOP "$(rank_pid 99911 1)"   # past MPI_Init (which has the deadline too)
+timeout 60 tail --pid=$run -f /dev/null || kill -CONT $(ranks_of 99911) 2>/dev/null
+wait $run
+rc=$?
+[ $rc = 3 ] || fail "a stopped rank with --timeout 3 exited $rc, expected 3"
+grep -Eq "MPI_[A-Za-z_]+: not complete after 3 s, in probe contrastive, mode on" stopped.txt || fail "the timeout must name the collective and the run: $(cat stopped.txt)"
+"$PY" -c 'import json,sys; d=json.load(open("stopped.json")); assert d["exit_code"] == 3 and "not complete" in d["error"]["message"]' || fail "no error report after the timeout"
+[ -z "$(ranks_of 99911)" ] || fail "processes left after the timeout: $(ranks_of 99911)"
+
+mkdir -p sig && cd sig || exit 1
+"$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99912 >term.txt 2>&1 &
+run=$!
+wait_for 20 has_rank 99912 0 && sleep 0.5 && kill -TERM $run
+wait $run
+rc=$?
+[ $rc = 3 ] && grep -q "interrupted by signal 15" term.txt || fail "SIGTERM to the launcher: exit $rc: $(cat term.txt)"
+wait_for 10 no_ranks 99912 || fail "SIGTERM to the launcher left processes: $(ranks_of 99912)"
+[ -z "$(ls reports 2>/dev/null)" ] || fail "SIGTERM to the launcher left a report: $(ls reports)"
+"$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99913 >kill.txt 2>&1 &
+run=$!
+wait_for 20 has_rank 99913 0 && sleep 0.5 && kill -KILL $run
+wait $run 2>/dev/null
+wait_for 10 no_ranks 99913 || fail "SIGKILL to the launcher left processes: $(ranks_of 99913)"
+[ -z "$(ls reports 2>/dev/null)" ] || fail "SIGKILL to the launcher left a report: $(ls reports)"
+# the ranks read no stdin: a caller's while-read loop keeps its lines
+got=$(printf 'a\nb\n' | while read -r x; do "$G" run --world 2 --probe simplenet --mode on --no-json >/dev/null; printf '%s' "$x"; done)
+[ "$got" = ab ] || fail "gradcheck-dist run swallowed the caller's stdin: read '$got'"
+# four runs started together: four reports, each whole
+for i in 1 2 3 4; do "$G" run --world 1 --probe simplenet --mode on --summary-only >/dev/null 2>&1 & done
+wait
+[ "$(ls reports/*.json | wc -l)" = 4 ] || fail "four runs at once must leave four reports: $(ls reports)"
+for f in reports/*.json; do "$PY" -c 'import json,sys; json.load(open(sys.argv[1]))' "$f" || fail "$f is not a whole report"; done
+# a killed writer's temporary is removed by the next write once it is stale, a fresh one is not
+touch -d '2 hours ago' r.json.tmp.AAAAAA
+touch r.json.tmp.BBBBBB r.json.tmp.CCCCCCC
+"$G" run --world 1 --probe simplenet --mode on --json r.json >/dev/null 2>&1
+[ ! -e r.json.tmp.AAAAAA ] && [ -e r.json.tmp.BBBBBB ] && [ -e r.json.tmp.CCCCCCC ] || fail "stale temporaries: $(ls r.json.tmp.* 2>&1)"
+cd .. || exit 1
+
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     usage_error --backend run --backend nccl --world 1
