@@ -3,10 +3,11 @@
  * Built when CMake finds the CUDA Toolkit and NCCL >= 2.14 (GCD_WITH_NCCL); otherwise only the answers
  * that say why --backend nccl cannot run.
  *
- * The host never blocks on the GPU: data goes through pinned staging buffers (a device-to-host copy into
- * pageable memory would hold the host until the NCCL kernel ends, a hung peer with it), and every wait is
- * a poll (wait.c) of ncclCommGetAsyncError and cudaStreamQuery, bounded by GCD_NCCL_TIMEOUT, after which
- * the communicator is aborted and the job ends (exit 3).
+ * No wait for a collective blocks the host. Data goes through pinned staging buffers: a cudaMemcpyAsync
+ * from the device into pageable memory returns only once the copy is done (CUDA Runtime API, "API
+ * synchronization behavior"), that is after the NCCL kernel before it, which a hung peer never ends.
+ * Every wait is a poll (wait.c) of ncclCommGetAsyncError and cudaStreamQuery, bounded by
+ * GCD_NCCL_TIMEOUT, after which the communicator is aborted and the job ends (exit 3).
  *
  * Non-blocking communicator (config.blocking = 0), not a blocking one with a watchdog thread, because:
  * - a blocking ncclCommInitRankConfig, or the first collective (which connects to the peers), can hold the
@@ -17,7 +18,8 @@
  *   loop that runs here is the one tests/test_wait.c drives with fakes;
  * - the contract it asks for is kept below: after any call that answers ncclInProgress (init, the
  *   collectives, finalize), poll ncclCommGetAsyncError until ncclSuccess before the next NCCL call or
- *   anything else on the stream, bounded, aborting on an error (NCCL docs, ncclCommGetAsyncError).
+ *   anything else on the stream (the work may not be enqueued yet), bounded, aborting on an error (NCCL
+ *   docs: user guide "Creating a communication with options"; nccl4py Communicator.get_async_error).
  *   ncclCommAbort and ncclCommDestroy run to completion even on a non-blocking communicator (NCCL
  *   src/group.cc, ncclAsyncLaunch: a communicator being destroyed makes its group blocking), and the
  *   communicator is freed when they return: after them there is nothing left to poll.
