@@ -80,7 +80,7 @@ static gcd_poll comm_state(void *ctx, char *why, size_t len) {
     if (r != ncclSuccess) async = r;
     if (async == ncclSuccess) return GCD_POLL_DONE;
     if (async == ncclInProgress) return GCD_POLL_PENDING;
-    snprintf(why, len, "NCCL reports %s (%s)", ncclGetErrorString(async), ncclGetLastError(m->comm));
+    snprintf(why, len, "NCCL reports %s (%s)", ncclGetErrorString(async), ncclGetLastError(NULL));
     return GCD_POLL_FAILED;
 }
 
@@ -111,8 +111,10 @@ static const gcd_wait_ops ops = { comm_state, stream_state, all_arrived, abort_c
 static void launched(nccl_impl *m, const char *what, ncclResult_t r) {
     if (r == ncclInProgress) gcd_wait_check(&ops, m, what, 0, m->timeout);
     else if (r != ncclSuccess) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: %s (%s)", what, ncclGetErrorString(r), ncclGetLastError(NULL));   // before the abort
         ncclCommAbort(m->comm);
-        GCD_FATAL("%s: %s (%s)", what, ncclGetErrorString(r), ncclGetLastError(m->comm));
+        GCD_FATAL("%s", msg);
     }
 }
 
