@@ -25,6 +25,8 @@
 #include "run.h"
 #include "verdict.h"
 
+extern char **environ;
+
 #ifndef GCD_VERSION
 #define GCD_VERSION "0.0.0"
 #endif
@@ -341,7 +343,9 @@ static int launch(const options *o, int argc, char **argv) {
     setenv("GCD_RESULT_FILE", result, 1);
     char np[16];
     snprintf(np, sizeof np, "%d", world);
-    char **av = calloc((size_t)argc + 16, sizeof *av);
+    int nenv = 0;
+    for (char **e = environ; *e; e++) nenv++;
+    char **av = calloc((size_t)argc + 2 * (size_t)nenv + 16, sizeof *av);
     mallocCheck(av);
     int n = 0;
     av[n++] = "mpirun";
@@ -349,7 +353,16 @@ static int launch(const options *o, int argc, char **argv) {
     av[n++] = np;
     if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
-    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile, av[n++] = "-x", av[n++] = "GCD_RESULT_FILE";
+    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    // Open MPI starts ranks on other nodes without this environment: forward every GCD_ and NCCL_
+    // variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
+    int first_x = n;
+    for (char **e = environ; *e; e++)
+        if (!strncmp(*e, "GCD_", 4) || !strncmp(*e, "NCCL_", 5)) {
+            av[n++] = "-x";
+            mallocCheck(av[n++] = strndup(*e, strcspn(*e, "=")));
+        }
+    int last_x = n;
     av[n++] = exe;
     for (int i = 1; i < argc; i++) av[n++] = argv[i];
     fflush(NULL);
@@ -369,6 +382,7 @@ static int launch(const options *o, int argc, char **argv) {
         fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
         _exit(127);
     }
+    for (int i = first_x + 1; i < last_x; i += 2) free(av[i]);
     free(av);
     mpirun_pid = pid;
     if (caught) kill(pid, caught);   // a signal between fork and here

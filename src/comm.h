@@ -29,11 +29,18 @@ void gcd_mpi_gather_str(const char *mine, char *all, int len);
 void gcd_mpi_library_version(char *buf, int len);
 void gcd_mpi_bcast_bytes(void *buf, int len, int root);
 void gcd_mpi_local(int *local_rank, int *local_size);   // ranks sharing this node
+// every rank of this node's len bytes, in local rank order, into all (local_size*len)
+void gcd_mpi_node_allgather(const void *mine, void *all, int len);
 int gcd_mpi_any(int flag);                              // 1 when flag is set on any rank
 // Every MPI collective completes within this many seconds (default 300) or stops the job (exit 3),
 // naming the call and the context (the probe and mode running).
 void gcd_mpi_set_timeout(double seconds);
 void gcd_comm_set_context(const char *what);
+// Arrival at a collective: each rank starts an MPI_Ibarrier as it enters one; arrived() tests it
+// without blocking (1 when every rank has entered, or when none was started); arrive_end() completes it.
+void gcd_mpi_arrive(void);
+int gcd_mpi_arrived(void);
+void gcd_mpi_arrive_end(void);
 
 // ----------------------------------------------------------------------------
 // NCCL (comm_nccl.c, built when CUDA and NCCL are found)

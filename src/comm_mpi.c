@@ -157,8 +157,37 @@ void gcd_mpi_local(int *local_rank, int *local_size) {
     MPI_Comm_free(&node);
 }
 
+void gcd_mpi_node_allgather(const void *mine, void *all, int len) {
+    MPI_Comm node;
+    mpiCheck(MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    mpiCheck(MPI_Allgather(mine, len, MPI_BYTE, all, len, MPI_BYTE, node));
+    MPI_Comm_free(&node);
+}
+
 int gcd_mpi_any(int flag) {
     int any = 0;
     mpiCheck(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, world_comm));
     return any;
+}
+
+// ----------------------------------------------------------------------------
+// arrival at a collective (the NCCL backend's timeout starts once every rank has entered it)
+
+static MPI_Request arrival = MPI_REQUEST_NULL;
+
+void gcd_mpi_arrive(void) {
+    if (arrival != MPI_REQUEST_NULL) GCD_FATAL("arrival: the previous collective's MPI_Ibarrier was never completed");
+    mpiCheck(MPI_Ibarrier(world_comm, &arrival));
+}
+
+int gcd_mpi_arrived(void) {
+    int done = 1;
+    if (arrival != MPI_REQUEST_NULL) mpiCheck(MPI_Test(&arrival, &done, MPI_STATUS_IGNORE));
+    return done;
+}
+
+// Called once the collective has completed: every rank then has started its MPI_Ibarrier (before its
+// NCCL call, which the collective needed), so this returns as soon as the ranks drive it.
+void gcd_mpi_arrive_end(void) {
+    if (arrival != MPI_REQUEST_NULL) mpiCheck(MPI_Wait(&arrival, MPI_STATUS_IGNORE));
 }

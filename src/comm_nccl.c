@@ -1,7 +1,28 @@
 /*
  * comm_nccl: the collectives over NCCL on CUDA buffers, one GPU per rank, bootstrapped over MPI.
- * Built when CMake finds the CUDA Toolkit and NCCL (GCD_WITH_NCCL); otherwise only the answers that
- * say why --backend nccl cannot run.
+ * Built when CMake finds the CUDA Toolkit and NCCL >= 2.14 (GCD_WITH_NCCL); otherwise only the answers
+ * that say why --backend nccl cannot run.
+ *
+ * No wait for a collective blocks the host. Data goes through pinned staging buffers: a cudaMemcpyAsync
+ * from the device into pageable memory returns only once the copy is done (CUDA Runtime API, "API
+ * synchronization behavior"), that is after the NCCL kernel before it, which a hung peer never ends.
+ * Every wait is a poll (wait.c) of ncclCommGetAsyncError and cudaStreamQuery, bounded by
+ * GCD_NCCL_TIMEOUT, after which the communicator is aborted and the job ends (exit 3).
+ *
+ * Non-blocking communicator (config.blocking = 0), not a blocking one with a watchdog thread, because:
+ * - a blocking ncclCommInitRankConfig, or the first collective (which connects to the peers), can hold the
+ *   calling thread inside NCCL for as long as a peer is missing; non-blocking, every call returns
+ *   (ncclInProgress) and one thread can poll, time out and abort: the path NCCL's user guide gives for
+ *   fault tolerance ("Creating a communication with options", "Fault Tolerance", NCCL >= 2.14);
+ * - one thread means no ncclCommAbort racing a call in flight on another thread and no locks, and the
+ *   loop that runs here is the one tests/test_wait.c drives with fakes;
+ * - the contract it asks for is kept below: after any call that answers ncclInProgress (init, the
+ *   collectives, finalize), poll ncclCommGetAsyncError until ncclSuccess before the next NCCL call or
+ *   anything else on the stream (the work may not be enqueued yet), bounded, aborting on an error (NCCL
+ *   docs: user guide "Creating a communication with options"; nccl4py Communicator.get_async_error).
+ *   ncclCommAbort and ncclCommDestroy run to completion even on a non-blocking communicator (NCCL
+ *   src/group.cc, ncclAsyncLaunch: a communicator being destroyed makes its group blocking), and the
+ *   communicator is freed when they return: after them there is nothing left to poll.
  */
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +38,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "wait.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "the NCCL backend needs NCCL >= 2.14 (ncclCommInitRankConfig with non-blocking communicators)"
+#endif
+
 // ----------------------------------------------------------------------------
 // checks: file:line, the rank (from the fatal setup), the call and the library's own words
 
@@ -25,90 +52,123 @@ static void cuda_check(cudaError_t err, const char *call, const char *file, int 
     if (err != cudaSuccess) gcd_fatal_at(file, line, "%s: %s", call, cudaGetErrorString(err));
 }
 
-// non-blocking communicators may answer ncclInProgress: the watchdog below waits for those
+// for the calls that take no communicator; those that do go through launched() below
 #define ncclCheck(call) nccl_check((call), #call, __FILE__, __LINE__)
 static void nccl_check(ncclResult_t r, const char *call, const char *file, int line) {
-    if (r != ncclSuccess && r != ncclInProgress) gcd_fatal_at(file, line, "%s: %s", call, ncclGetErrorString(r));
+    if (r != ncclSuccess) gcd_fatal_at(file, line, "%s: %s (%s)", call, ncclGetErrorString(r), ncclGetLastError(NULL));
 }
+
+typedef struct {
+    double *dev, *host;   // (cap) on the device, and its pinned twin on the host (cudaMallocHost)
+    size_t cap;
+} staging;
 
 typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
-    double *send, *recv;       // device buffers
-    size_t cap_send, cap_recv; // in doubles
+    staging send, recv;
     int device;
-    double timeout;            // seconds a collective may take before the peers are declared stuck
+    double timeout;   // seconds a call may go without completing once every rank has entered it
 } nccl_impl;
 
-static double seconds(void) {
+// ----------------------------------------------------------------------------
+// the queries wait.c polls
+
+static gcd_poll comm_state(void *ctx, char *why, size_t len) {
+    nccl_impl *m = ctx;
+    ncclResult_t async = ncclSuccess, r = ncclCommGetAsyncError(m->comm, &async);
+    if (r != ncclSuccess) async = r;
+    if (async == ncclSuccess) return GCD_POLL_DONE;
+    if (async == ncclInProgress) return GCD_POLL_PENDING;
+    snprintf(why, len, "NCCL reports %s (%s)", ncclGetErrorString(async), ncclGetLastError(NULL));
+    return GCD_POLL_FAILED;
+}
+
+static gcd_poll stream_state(void *ctx, char *why, size_t len) {
+    cudaError_t e = cudaStreamQuery(((nccl_impl *)ctx)->stream);
+    if (e == cudaSuccess) return GCD_POLL_DONE;
+    if (e == cudaErrorNotReady) return GCD_POLL_PENDING;
+    snprintf(why, len, "cudaStreamQuery: %s", cudaGetErrorString(e));
+    return GCD_POLL_FAILED;
+}
+
+static int all_arrived(void *ctx) { (void)ctx; return gcd_mpi_arrived(); }
+static void abort_comm(void *ctx) { ncclCommAbort(((nccl_impl *)ctx)->comm); }   // the job ends next
+
+static double seconds(void *ctx) {
+    (void)ctx;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// Waits for the communicator (init) or the stream (a collective); a peer that died or hangs ends
-// the job with a message instead of a hang: ncclCommAbort, then the fatal path (exit 3).
-static void watchdog(nccl_impl *n, int stream, const char *what) {
-    double t0 = seconds();
-    for (;;) {
-        ncclResult_t async = ncclSuccess;
-        ncclCheck(ncclCommGetAsyncError(n->comm, &async));
-        if (async != ncclSuccess && async != ncclInProgress) {
-            ncclCommAbort(n->comm);
-            GCD_FATAL("%s: NCCL reports %s", what, ncclGetErrorString(async));
-        }
-        if (stream) {
-            cudaError_t e = cudaStreamQuery(n->stream);
-            if (e == cudaSuccess) return;
-            if (e != cudaErrorNotReady) cudaCheck(e);
-        } else if (async == ncclSuccess) {
-            return;
-        }
-        if (seconds() - t0 > n->timeout) {
-            ncclCommAbort(n->comm);
-            GCD_FATAL("%s: no progress after %.0f s: a peer rank is dead or stuck (GCD_NCCL_TIMEOUT sets the limit)", what, n->timeout);
-        }
-        nanosleep(&(struct timespec){ 0, 20000 }, NULL);
+static void pause_50us(void *ctx) { (void)ctx; nanosleep(&(struct timespec){ 0, 50000 }, NULL); }
+
+static const gcd_wait_ops ops = { comm_state, stream_state, all_arrived, abort_comm, seconds, pause_50us };
+
+// An NCCL call on the communicator was made: an error ends the job; ncclInProgress means the call may
+// not be done (nor its work on the stream): wait until the communicator says ncclSuccess.
+static void launched(nccl_impl *m, const char *what, ncclResult_t r) {
+    if (r == ncclInProgress) gcd_wait_check(&ops, m, what, 0, m->timeout);
+    else if (r != ncclSuccess) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: %s (%s)", what, ncclGetErrorString(r), ncclGetLastError(NULL));   // before the abort
+        ncclCommAbort(m->comm);
+        GCD_FATAL("%s", msg);
     }
 }
 
-static void reserve(double **buf, size_t *cap, size_t n) {
-    if (n <= *cap) return;
-    if (*buf) cudaCheck(cudaFree(*buf));
-    cudaCheck(cudaMalloc((void **)buf, n * sizeof(double)));
-    *cap = n;
+// ----------------------------------------------------------------------------
+// collectives: host -> pinned -> device, the NCCL call, device -> pinned, poll, pinned -> host
+
+static void reserve(staging *s, size_t n) {
+    if (n <= s->cap) return;   // grown only between collectives, when the stream has drained
+    if (s->dev) cudaCheck(cudaFree(s->dev));
+    if (s->host) cudaCheck(cudaFreeHost(s->host));
+    cudaCheck(cudaMalloc((void **)&s->dev, n * sizeof(double)));
+    cudaCheck(cudaMallocHost((void **)&s->host, n * sizeof(double)));
+    s->cap = n;
 }
 
-// ----------------------------------------------------------------------------
-// collectives: host -> device, the NCCL call, device -> host, on one stream
+// stage n doubles in, then say this rank has entered the collective
+static void enter(nccl_impl *m, staging *s, const double *src, size_t n) {
+    reserve(s, n);
+    memcpy(s->host, src, n * sizeof(double));
+    cudaCheck(cudaMemcpyAsync(s->dev, s->host, n * sizeof(double), cudaMemcpyHostToDevice, m->stream));
+    gcd_mpi_arrive();
+}
+
+// the collective was called (r): once it is on the stream, queue the copy back, poll until the stream
+// has drained, and only then read the host copy
+static void leave(nccl_impl *m, const char *what, ncclResult_t r, staging *s, double *dst, size_t n) {
+    launched(m, what, r);
+    cudaCheck(cudaMemcpyAsync(s->host, s->dev, n * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    gcd_wait_check(&ops, m, what, 1, m->timeout);
+    gcd_mpi_arrive_end();
+    memcpy(dst, s->host, n * sizeof(double));
+}
 
 static void nccl_all_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
     nccl_impl *m = c->impl;
-    reserve(&m->send, &m->cap_send, n);
-    reserve(&m->recv, &m->cap_recv, n * c->world);
-    cudaCheck(cudaMemcpyAsync(m->send, send, n * sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    ncclCheck(ncclAllGather(m->send, m->recv, n, ncclDouble, m->comm, m->stream));
-    cudaCheck(cudaMemcpyAsync(recv, m->recv, n * c->world * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    watchdog(m, 1, "ncclAllGather");
+    reserve(&m->recv, n * c->world);
+    enter(m, &m->send, send, n);
+    ncclResult_t r = ncclAllGather(m->send.dev, m->recv.dev, n, ncclDouble, m->comm, m->stream);
+    leave(m, "ncclAllGather", r, &m->recv, recv, n * c->world);
 }
 
 static void nccl_reduce_scatter(gcd_comm *c, const double *send, double *recv, size_t n) {
     nccl_impl *m = c->impl;
-    reserve(&m->send, &m->cap_send, n * c->world);
-    reserve(&m->recv, &m->cap_recv, n);
-    cudaCheck(cudaMemcpyAsync(m->send, send, n * c->world * sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    ncclCheck(ncclReduceScatter(m->send, m->recv, n, ncclDouble, ncclSum, m->comm, m->stream));
-    cudaCheck(cudaMemcpyAsync(recv, m->recv, n * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    watchdog(m, 1, "ncclReduceScatter");
+    reserve(&m->recv, n);
+    enter(m, &m->send, send, n * c->world);
+    ncclResult_t r = ncclReduceScatter(m->send.dev, m->recv.dev, n, ncclDouble, ncclSum, m->comm, m->stream);
+    leave(m, "ncclReduceScatter", r, &m->recv, recv, n);
 }
 
 static void nccl_all_reduce(gcd_comm *c, double *buf, size_t n) {
     nccl_impl *m = c->impl;
-    reserve(&m->send, &m->cap_send, n);
-    cudaCheck(cudaMemcpyAsync(m->send, buf, n * sizeof(double), cudaMemcpyHostToDevice, m->stream));
-    ncclCheck(ncclAllReduce(m->send, m->send, n, ncclDouble, ncclSum, m->comm, m->stream));
-    cudaCheck(cudaMemcpyAsync(buf, m->send, n * sizeof(double), cudaMemcpyDeviceToHost, m->stream));
-    watchdog(m, 1, "ncclAllReduce");
+    enter(m, &m->send, buf, n);
+    ncclResult_t r = ncclAllReduce(m->send.dev, m->send.dev, n, ncclDouble, ncclSum, m->comm, m->stream);
+    leave(m, "ncclAllReduce", r, &m->send, buf, n);
 }
 
 static void nccl_barrier(gcd_comm *c) {
@@ -129,33 +189,60 @@ int gcd_cuda_device_count(char *why, size_t len) {
     return n;
 }
 
-gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
-    // one GPU per rank: every rank of this node needs a device of its own
+static void uuid_str(const cudaUUID_t *u, char *out, size_t len) {   // as nvidia-smi -L writes it
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4],
+             b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+// Device local_rank % count: each rank's own under per-rank isolation (CUDA_VISIBLE_DEVICES per rank,
+// Slurm --gpus-per-task: every rank sees one device, its own). Two ranks of a node on one physical GPU
+// (same UUID) are refused: NCCL does not support one device as two ranks of a communicator.
+static int pick_device(int *device, char *why, size_t len) {
     int local_rank, local_size, ndev = gcd_cuda_device_count(why, len);
     gcd_mpi_local(&local_rank, &local_size);
+    cudaUUID_t mine = { 0 };
+    struct cudaDeviceProp p;
     int bad = ndev < 0;
-    if (!bad && local_size > ndev) {
-        snprintf(why, len, "one GPU per rank needed: %d ranks share this node's %d CUDA device%s (NCCL refuses two ranks on one GPU)",
-                 local_size, ndev, ndev == 1 ? "" : "s");
-        bad = 1;
+    if (!bad) {
+        *device = local_rank % ndev;
+        cudaError_t e = cudaGetDeviceProperties(&p, *device);
+        if (e != cudaSuccess) bad = 1, snprintf(why, len, "cudaGetDeviceProperties(%d): %s", *device, cudaGetErrorString(e));
+        else mine = p.uuid;
     }
+    cudaUUID_t *all = gcd_malloc((size_t)local_size * sizeof *all);
+    gcd_mpi_node_allgather(&mine, all, (int)sizeof mine);
+    for (int i = 0; i < local_size && !bad; i++)
+        for (int j = i + 1; j < local_size && !bad; j++)
+            if (!memcmp(&all[i], &all[j], sizeof mine) && memcmp(&all[i], &(cudaUUID_t){ 0 }, sizeof mine)) {
+                char u[64];
+                uuid_str(&all[i], u, sizeof u);
+                snprintf(why, len, "one GPU per rank needed: local ranks %d and %d of this node share GPU %s (%d ranks, %d visible CUDA device%s here; NCCL refuses two ranks on one GPU)",
+                         i, j, u, local_size, ndev, ndev == 1 ? "" : "s");
+                bad = 1;
+            }
+    free(all);
+    return bad;
+}
+
+gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
+    int device = 0, bad = pick_device(&device, why, len);
     if (gcd_mpi_any(bad)) {
-        if (!bad) snprintf(why, len, "another rank cannot use a CUDA device");
+        if (!bad) snprintf(why, len, "another rank cannot use a CUDA device of its own");
         return NULL;
     }
     nccl_impl *m = gcd_malloc(sizeof *m);
-    m->device = local_rank;
+    m->device = device;
     const char *t = getenv("GCD_NCCL_TIMEOUT");
     m->timeout = t && atof(t) > 0 ? atof(t) : 120;
     cudaCheck(cudaSetDevice(m->device));
     cudaCheck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     ncclUniqueId id;
     if (mpi->rank == 0) ncclCheck(ncclGetUniqueId(&id));
-    gcd_mpi_bcast_bytes(&id, sizeof id, 0);
+    gcd_mpi_bcast_bytes(&id, sizeof id, 0);   // every rank is here: the init's clock may start at once
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;   // so the watchdog can give up on a peer that never arrives
-    ncclCheck(ncclCommInitRankConfig(&m->comm, mpi->world, id, mpi->rank, &config));
-    watchdog(m, 0, "ncclCommInitRankConfig");
+    config.blocking = 0;
+    launched(m, "ncclCommInitRankConfig", ncclCommInitRankConfig(&m->comm, mpi->world, id, mpi->rank, &config));
     static gcd_comm c;
     c = (gcd_comm){ .rank = mpi->rank, .world = mpi->world, .backend = "nccl", .all_gather = nccl_all_gather,
                     .reduce_scatter = nccl_reduce_scatter, .all_reduce = nccl_all_reduce, .barrier = nccl_barrier, .impl = m };
@@ -165,11 +252,13 @@ gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
 void gcd_comm_nccl_free(gcd_comm *c) {
     nccl_impl *m = c->impl;
     if (!m) return;
-    ncclCheck(ncclCommFinalize(m->comm));
-    watchdog(m, 0, "ncclCommFinalize");
-    ncclCommDestroy(m->comm);
-    if (m->send) cudaFree(m->send);
-    if (m->recv) cudaFree(m->recv);
+    launched(m, "ncclCommFinalize", ncclCommFinalize(m->comm));
+    ncclResult_t r = ncclCommDestroy(m->comm);   // runs to completion, see the top of this file
+    if (r != ncclSuccess && r != ncclInProgress) GCD_FATAL("ncclCommDestroy: %s", ncclGetErrorString(r));
+    for (staging *s = &m->send; s <= &m->recv; s++) {
+        if (s->dev) cudaFree(s->dev);
+        if (s->host) cudaFreeHost(s->host);
+    }
     cudaStreamDestroy(m->stream);
     free(m);
     c->impl = NULL;
@@ -184,11 +273,12 @@ void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *de
     cudaDriverGetVersion(&drv);
     snprintf(cuda_version, len, "runtime %d.%d, driver %d.%d", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
     struct cudaDeviceProp p;
-    char host[64] = "";
+    char host[64] = "", u[64];
     gethostname(host, sizeof host - 1);
-    if (cudaGetDeviceProperties(&p, m->device) == cudaSuccess)
-        snprintf(device, len, "%s: GPU %d %s (%04x:%02x:%02x)", host, m->device, p.name, p.pciDomainID, p.pciBusID, p.pciDeviceID);
-    else snprintf(device, len, "%s: GPU %d", host, m->device);
+    if (cudaGetDeviceProperties(&p, m->device) == cudaSuccess) {
+        uuid_str(&p.uuid, u, sizeof u);
+        snprintf(device, len, "%s: GPU %d %s (%04x:%02x:%02x, %s)", host, m->device, p.name, p.pciDomainID, p.pciBusID, p.pciDeviceID, u);
+    } else snprintf(device, len, "%s: GPU %d", host, m->device);
 }
 
 #else

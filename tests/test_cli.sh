@@ -273,6 +273,25 @@ touch r.json.tmp.BBBBBB r.json.tmp.CCCCCCC
 "$G" run --world 1 --probe simplenet --mode on --json r.json >/dev/null 2>&1
 [ ! -e r.json.tmp.AAAAAA ] && [ -e r.json.tmp.BBBBBB ] && [ -e r.json.tmp.CCCCCCC ] || fail "stale temporaries: $(ls r.json.tmp.* 2>&1)"
 cd .. || exit 1
+# ---- the launcher forwards every GCD_ and NCCL_ variable to the ranks with -x (Open MPI starts ranks on
+# other nodes without this environment), and nothing else: a fake mpirun records its arguments
+mkdir -p fakebin
+cat >fakebin/mpirun <<'SH'
+#!/bin/sh
+printf '%s\n' "$@" >"$FAKE_ARGV"
+echo 0 >"$GCD_RESULT_FILE"
+SH
+chmod +x fakebin/mpirun
+for hosts in "" "--hostfile few.hosts"; do
+    # shellcheck disable=SC2086
+    PATH=$work/fakebin:$PATH FAKE_ARGV=$work/argv GCD_NCCL_TIMEOUT=7 NCCL_DEBUG=WARN NCCL_SOCKET_IFNAME=lo GCDX=1 \
+        "$G" run --world 2 $hosts --no-json >/dev/null 2>&1 || fail "the launcher with a fake mpirun ($hosts) failed"
+    args=" $(tr '\n' ' ' <argv)"
+    for v in GCD_RESULT_FILE GCD_NCCL_TIMEOUT NCCL_DEBUG NCCL_SOCKET_IFNAME; do
+        [[ $args == *" -x $v "* ]] || fail "launcher ($hosts): mpirun was not given -x $v:$args"
+    done
+    [[ $args == *" -x GCDX "* || $args == *" -x PATH "* ]] && fail "launcher ($hosts): forwarded a variable that is not GCD_/NCCL_:$args"
+done
 
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
