@@ -243,8 +243,7 @@ gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     double *norm = gcd_arena_alloc(c->arena, (size_t)gcd_rows(x) * sizeof(double));
     normalize_forward(out->data, norm, x->data, gcd_rows(x), gcd_cols(x));
-    gcd_node *nd = gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x);
-    if (nd) nd->saved = norm;
+    gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x)->saved = norm;
     return out;
 }
 
@@ -275,7 +274,8 @@ gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label) {
     double *prob = gcd_arena_alloc(c->arena, z->n * sizeof(double));
     cross_entropy_forward(out->data, prob, z->data, lab, N, C);
     gcd_node *nd = gcd_record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
-    if (nd) { nd->saved = prob; nd->labels = lab; }
+    nd->saved = prob;
+    nd->labels = lab;
     return out;
 }
 
