@@ -104,6 +104,7 @@ void gcd_gather_backward(gcd_ctx *c, gcd_node *nd) {
     case GCD_GATHER_LOCAL: backward_local(nd->comm, nd->out->grad, n, g); break;
     default: GCD_FATAL("all_gather backward: mode %s has no backward", gcd_gather_mode_name(nd->mode));
     }
+    nd->saved = g;           // for the report's checkpoints (run.c): what went back to this rank's features
     if (g[n] == 0) return;   // no rank reached the gathered result: the input keeps None
     double *dx = gcd_grad_buf(c, x);
     for (size_t i = 0; i < n; i++) dx[i] += g[i];

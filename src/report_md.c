@@ -90,6 +90,10 @@ char *gcd_render_md(const cJSON *doc) {
             if (!gcd_jbool(f, "counts")) continue;
             char t[160];
             gcd_sb_printf(&b, "- **%s, mode %s** (%s): %s\n", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), gcd_jstr(run, "role"), gcd_jstr(f, "message"));
+            const cJSON *p = gcd_finding_param(run, f);
+            gcd_sb chain = { 0 };
+            if (p && gcd_chain(&chain, p)) gcd_sb_printf(&b, "  - path: `%s`\n", chain.s);
+            gcd_sb_free(&chain);
             nf++;
         }
     }
