@@ -75,6 +75,15 @@ static void path_should_be_shortest_and_cut_where_recorded(void) {
     CHECK(unused->grad == NULL, "the unused leaf keeps None");
     gcd_arena_free(&b);
 
+    // a detached node is never differentiated, even when its output holds a gradient
+    gcd_tensor *v = leaf(&c, 2, (double[]){ 1, 2 });
+    prev = gcd_set_grad_enabled(&c, 0);
+    gcd_tensor *ev = gcd_exp(&c, v);
+    gcd_set_grad_enabled(&c, prev);
+    gcd_grad_buf(&c, ev)[0] = 1;
+    gcd_backward_from(&c, ev);
+    CHECK(v->grad == NULL, "backward went through a node recorded under no_grad: %g %g", v->grad ? v->grad[0] : 0, v->grad ? v->grad[1] : 0);
+
     gcd_path q;   // packing round trip
     double buf[GCD_PATH_PACKED];
     gcd_path_start(&p, 0);
