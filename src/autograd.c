@@ -3,8 +3,8 @@
 #include "ops.h"
 
 static const char *op_names[GCD_OP_COUNT] = {
-    "linear", "relu", "view", "concat", "mul", "mean", "mse", "matmul_nt", "transpose", "normalize",
-    "exp", "scale", "cross_entropy", "all_gather",
+    "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "transpose", "normalize",
+    "exp", "scale", "cross_entropy", "all_gather", "detach",
 };
 
 const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT ? op_names[op] : "?"; }
@@ -12,16 +12,17 @@ const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT ? op_na
 gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor **in) {
     int any = 0;
     for (int i = 0; i < nin; i++) any |= in[i] && in[i]->requires_grad;
-    if (!c->grad_enabled || !any) return NULL;
     gcd_node *nd = gcd_arena_alloc(c->arena, sizeof *nd);
     nd->op = op;
+    nd->cut = op == GCD_OP_DETACH ? GCD_CUT_DETACH : !c->grad_enabled ? GCD_CUT_NO_GRAD : !any ? GCD_CUT_NO_INPUT : GCD_CUT_NONE;
     nd->out = out;
     nd->nin = nin;
     nd->in = gcd_arena_alloc(c->arena, (size_t)nin * sizeof *nd->in);
     for (int i = 0; i < nin; i++) nd->in[i] = in[i];
+    nd->id = c->tape ? c->tape->id + 1 : 0;
     nd->prev = c->tape;
     c->tape = nd;
-    out->requires_grad = 1;
+    out->requires_grad = nd->cut == GCD_CUT_NONE;
     out->node = nd;
     return nd;
 }
@@ -29,6 +30,7 @@ gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor
 void gcd_backward_from(gcd_ctx *c, gcd_tensor *out) {
     (void)out;
     for (gcd_node *nd = c->tape; nd; nd = nd->prev) {
+        if (nd->cut) continue;   // detached: in the forward graph only
         // a collective's backward runs on every rank even where nothing reached it, or ranks would
         // wait on each other forever; gather.c keeps the input's gradient None in that case
         if (!nd->out->grad && nd->op != GCD_OP_GATHER) continue;
@@ -53,7 +55,6 @@ gcd_tensor *gcd_detach(gcd_ctx *c, gcd_tensor *t) {
     gcd_tensor *d = gcd_arena_alloc(c->arena, sizeof *d);
     *d = *t;
     d->grad = NULL;
-    d->requires_grad = 0;
-    d->node = NULL;
+    gcd_record(c, GCD_OP_DETACH, d, 1, &t);
     return d;
 }

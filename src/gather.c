@@ -52,9 +52,11 @@ gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather
     int shape[GCD_MAX_DIM] = { gcd_rows(x) * comm->world, x->ndim == 2 ? x->shape[1] : 0 };
     gcd_tensor *out = gcd_tensor_new(c, x->ndim ? x->ndim : 1, shape);
     comm->all_gather(comm, x->data, out->data, x->n);
-    if (mode == GCD_GATHER_OFF) return out;       // under no_grad: no node, no graph
-    gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);
-    if (nd) { nd->comm = comm; nd->mode = mode; }
+    int prev = gcd_set_grad_enabled(c, c->grad_enabled && mode != GCD_GATHER_OFF);   // off: under no_grad, as Lightning
+    gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);                           // off: detached, no graph
+    gcd_set_grad_enabled(c, prev);
+    nd->comm = comm;
+    nd->mode = mode;
     return out;
 }
 
@@ -102,6 +104,7 @@ void gcd_gather_backward(gcd_ctx *c, gcd_node *nd) {
     case GCD_GATHER_LOCAL: backward_local(nd->comm, nd->out->grad, n, g); break;
     default: GCD_FATAL("all_gather backward: mode %s has no backward", gcd_gather_mode_name(nd->mode));
     }
+    nd->saved = g;           // for the report's checkpoints (run.c): what went back to this rank's features
     if (g[n] == 0) return;   // no rank reached the gathered result: the input keeps None
     double *dx = gcd_grad_buf(c, x);
     for (size_t i = 0; i < n; i++) dx[i] += g[i];

@@ -243,8 +243,7 @@ gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     double *norm = gcd_arena_alloc(c->arena, (size_t)gcd_rows(x) * sizeof(double));
     normalize_forward(out->data, norm, x->data, gcd_rows(x), gcd_cols(x));
-    gcd_node *nd = gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x);
-    if (nd) nd->saved = norm;
+    gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x)->saved = norm;
     return out;
 }
 
@@ -275,7 +274,8 @@ gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label) {
     double *prob = gcd_arena_alloc(c->arena, z->n * sizeof(double));
     cross_entropy_forward(out->data, prob, z->data, lab, N, C);
     gcd_node *nd = gcd_record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
-    if (nd) { nd->saved = prob; nd->labels = lab; }
+    nd->saved = prob;
+    nd->labels = lab;
     return out;
 }
 
@@ -288,9 +288,24 @@ static double *din(gcd_ctx *c, gcd_node *nd, int i) {
     return t && t->requires_grad ? gcd_grad_buf(c, t) : NULL;
 }
 
+#ifdef GCD_TEST_WRONG_OP   // built only into tests/test_blame: one op's backward off by a factor the test sets
+int gcd_test_wrong_op = -1;
+double gcd_test_wrong_factor = 1;
+
+static const double *wrong(gcd_ctx *c, const gcd_node *nd, const double *dout) {
+    if ((int)nd->op != gcd_test_wrong_op) return dout;
+    double *d = gcd_arena_alloc(c->arena, nd->out->n * sizeof(double));
+    for (size_t i = 0; i < nd->out->n; i++) d[i] = gcd_test_wrong_factor * dout[i];
+    return d;
+}
+#endif
+
 void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
     gcd_tensor *out = nd->out, **in = nd->in;
     const double *dout = out->grad;
+#ifdef GCD_TEST_WRONG_OP
+    dout = wrong(c, nd, dout);
+#endif
     switch (nd->op) {
     case GCD_OP_LINEAR:
         linear_backward(din(c, nd, 0), din(c, nd, 1), din(c, nd, 2), dout, in[0]->data, in[1]->data,

@@ -114,6 +114,23 @@ static cJSON *setup(const gcd_run_result *res, int summary_only) {
     return s;
 }
 
+// the forward path from the parameter to the loss: [{op, name, detached, reason}], reason only where it breaks
+static cJSON *path(const gcd_run_result *res, const gcd_param_result *p) {
+    const char *names[GCD_MAX_PARAMS];
+    for (int i = 0; i < res->nparam && i < GCD_MAX_PARAMS; i++) names[i] = res->param[i].name;
+    cJSON *a = chk(cJSON_CreateArray());
+    for (int j = 0; j < p->path.n; j++) {
+        const gcd_path_node *nd = &p->path.node[j];
+        char name[128];
+        cJSON *o = push(a, cJSON_CreateObject());
+        put(o, "op", cJSON_CreateString(gcd_path_op(nd)));
+        put(o, "name", str_or_null(gcd_path_name(nd, names, name, sizeof name)));
+        put(o, "detached", cJSON_CreateBool(nd->cut != GCD_CUT_NONE));
+        put(o, "reason", str_or_null(j == p->breaks_at ? p->reason : NULL));
+    }
+    return a;
+}
+
 static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int summary_only) {
     cJSON *o = chk(cJSON_CreateObject());
     int none = p->status == GCD_ST_NONE;
@@ -129,6 +146,8 @@ static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int su
     put(o, "nonfinite", cJSON_CreateNumber((double)p->nonfinite));
     put(o, "moved", num(p->moved));
     put(o, "moved_any", cJSON_CreateBool(p->moved_any));
+    put(o, "path", path(res, p));
+    put(o, "breaks_at", p->breaks_at >= 0 && p->breaks_at < p->path.n ? cJSON_CreateNumber(p->breaks_at) : cJSON_CreateNull());
     if (summary_only) return o;
     cJSON *local = put(o, "local", cJSON_CreateArray());
     for (int k = 0; k < res->world; k++)

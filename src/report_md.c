@@ -116,6 +116,10 @@ char *gcd_render_md(const cJSON *doc) {
             gcd_sb_printf(&b, "- **%s, mode %s** (%s): ", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), gcd_jstr(run, "role"));
             cell(&b, gcd_jstr(f, "message"));
             gcd_sb_printf(&b, "\n");
+            const cJSON *p = gcd_finding_param(run, f);
+            gcd_sb chain = { 0 };
+            if (p && gcd_chain(&chain, p)) gcd_sb_printf(&b, "  - path: `%s`\n", chain.s);
+            gcd_sb_free(&chain);
             nf++;
         }
     }

@@ -23,3 +23,8 @@ void gcd_rows_begin(const cJSON **cur, const cJSON *const *cols, int ncol);
 void gcd_rows_next(const cJSON **cur, int ncol);
 char *gcd_run_title(const cJSON *run, char *buf, size_t len);    // "contrastive (local_loss, inputs random)"
 char *gcd_cell(const cJSON *param, char *buf, size_t len);       // "scaled    5.829e-02 x0.25"
+// a param's forward path as one chain, "fc1.weight -> linear(fc1) -> all_gather[off] ✂ under no_grad ... -> mse_loss":
+// ✂ where the gradient was cut (none, partial, or a detached node), ≠ where it departs; 0 when it has none
+int gcd_chain(gcd_sb *b, const cJSON *param);
+// the param named first in a finding, for the findings that have a path (none, partial, scaled, mismatch)
+const cJSON *gcd_finding_param(const cJSON *run, const cJSON *finding);

@@ -96,6 +96,34 @@ char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     return buf;
 }
 
+int gcd_chain(gcd_sb *b, const cJSON *p) {
+    const cJSON *path = cJSON_GetObjectItemCaseSensitive(p, "path"), *e;
+    if (!cJSON_GetArraySize(path)) return 0;
+    const char *st = gcd_jstr(p, "status");
+    int at = gcd_jint(p, "breaks_at"), j = 0, cut = !strcmp(st, "none") || !strcmp(st, "partial");
+    cJSON_ArrayForEach(e, path) {
+        const char *op = gcd_jstr(e, "op"), *name = gcd_jstr(e, "name");
+        if (j) gcd_sb_printf(b, " -> ");
+        if (!strcmp(op, "parameter")) gcd_sb_printf(b, "%s", name);
+        else if (!*name) gcd_sb_printf(b, "%s", op);
+        else gcd_sb_printf(b, !strcmp(op, "all_gather") ? "%s[%s]" : "%s(%s)", op, name);
+        if (j++ == at) gcd_sb_printf(b, " %s %s", cut || gcd_jbool(e, "detached") ? "✂" : "≠", gcd_jstr(e, "reason"));
+    }
+    return 1;
+}
+
+const cJSON *gcd_finding_param(const cJSON *run, const cJSON *f) {
+    static const char *const kinds[] = { "none", "partial", "scaled", "mismatch" };
+    const cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(f, "params"), 0), *p;
+    int has_path = 0;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) has_path |= !strcmp(gcd_jstr(f, "kind"), kinds[k]);
+    if (!has_path || !cJSON_IsString(first)) return NULL;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(run, "params")) {
+        if (!strcmp(gcd_jstr(p, "name"), first->valuestring)) return p;
+    }
+    return NULL;
+}
+
 // ----------------------------------------------------------------------------
 // the text report
 
@@ -183,6 +211,10 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
         cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
             if (check) gcd_sb_printf(b, "  %s %s\n", gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
             else gcd_sb_printf(b, "  %-5s %s %s\n", gcd_jstr(cols[c], "mode"), gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
+            const cJSON *p = gcd_finding_param(cols[c], f);
+            gcd_sb chain = { 0 };
+            if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "          path: %s\n", chain.s);
+            gcd_sb_free(&chain);
         }
     }
     if (gcd_jnum(cols[0], "steps") > 0) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "blame.h"
 #include "ddp.h"
 #include "ops.h"
 #include "verdict.h"
@@ -44,6 +45,8 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
     gcd_tensor *obj = gcd_mean(&c, gcd_concat(&c, n, losses));
     gcd_backward(&c, obj);
     res->ref_loss = obj->data[0];
+    for (int f = 0; f < pr->nfeat; f++)   // the gradient at the concatenation: the gather's counterpart
+        res->feat[f].ref = all[f]->grad ? copy(all[f]->grad, all[f]->n) : gcd_malloc(all[f]->n * sizeof(double));
     for (int i = 0; i < P->n; i++) {
         gcd_param_result *p = &res->param[i];
         p->reference = P->t[i]->grad ? copy(P->t[i]->grad, p->n) : gcd_malloc(p->n * sizeof(double));
@@ -53,20 +56,72 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
 }
 
 // ----------------------------------------------------------------------------
-// one forward/backward on this rank with the real collectives; returns the loss
+// one forward/backward on this rank with the real collectives; the pass's tape stays in ps until the
+// arena is reset
 
-static double step(gcd_comm *comm, const gcd_run_opts *o, gcd_params *P, gcd_arena *arena) {
+typedef struct {
+    gcd_ctx c;
+    gcd_tensor *loss, *feat[GCD_MAX_FEATS], *gathered[GCD_MAX_FEATS];
+} pass;
+
+static void step(gcd_comm *comm, const gcd_run_opts *o, gcd_params *P, gcd_arena *arena, pass *ps) {
     const gcd_probe *pr = o->probe;
-    gcd_ctx c = gcd_ctx_make(arena);
-    gcd_tensor *in[GCD_MAX_INPUTS], *feat[GCD_MAX_FEATS], *gathered[GCD_MAX_FEATS];
+    gcd_tensor *in[GCD_MAX_INPUTS];
+    ps->c = gcd_ctx_make(arena);
     for (int i = 0; i < P->n; i++) P->t[i]->grad = NULL;   // zero_grad(set_to_none=True)
-    pr->inputs(&c, &o->cfg, comm->rank, in);
-    pr->encode(&c, P, in, feat);
+    pr->inputs(&ps->c, &o->cfg, comm->rank, in);
+    pr->encode(&ps->c, P, in, ps->feat);
     for (int f = 0; f < pr->nfeat; f++)
-        gathered[f] = gcd_all_gather(&c, comm, feat[f], pr->feat_follows_mode[f] ? o->mode : GCD_GATHER_ON);
-    gcd_tensor *loss = pr->loss(&c, P, &o->cfg, comm->rank, comm->world, gathered, feat);
-    gcd_backward(&c, loss);
-    return loss->data[0];
+        ps->gathered[f] = gcd_all_gather(&ps->c, comm, ps->feat[f], pr->feat_follows_mode[f] ? o->mode : GCD_GATHER_ON);
+    ps->loss = pr->loss(&ps->c, P, &o->cfg, comm->rank, comm->world, ps->gathered, ps->feat);
+    gcd_backward(&ps->c, ps->loss);
+}
+
+// ----------------------------------------------------------------------------
+// what blame.c reads of the first pass: every rank's shortest path from each parameter to its loss,
+// rank 0's paths through each gathered feature, and every rank's gradients on both sides of each gather
+
+static void trace(gcd_comm *comm, const gcd_probe *pr, const gcd_params *P, const pass *ps, gcd_run_result *res) {
+    int W = comm->world, root = comm->rank == 0;
+    size_t per = (size_t)P->n * GCD_PATH_PACKED;
+    double *mine = gcd_malloc(per * sizeof(double)), *every = gcd_malloc((size_t)W * per * sizeof(double));
+    for (int i = 0; i < P->n; i++) {
+        gcd_path p;
+        gcd_path_start(&p, i);
+        if (gcd_path_find(&ps->c, P->t[i], ps->loss, P->t, P->n, &p) < 0) p.n = 0;   // this rank's loss does not use it
+        gcd_path_pack(&p, mine + (size_t)i * GCD_PATH_PACKED);
+    }
+    comm->all_gather(comm, mine, every, per);
+    for (int i = 0; i < P->n && root; i++) {
+        gcd_param_result *p = &res->param[i];
+        p->rank_path = gcd_malloc((size_t)W * sizeof *p->rank_path);
+        for (int k = 0; k < W; k++) gcd_path_unpack(&p->rank_path[k], every + (size_t)k * per + (size_t)i * GCD_PATH_PACKED);
+        p->via = gcd_malloc((size_t)pr->nfeat * sizeof *p->via);
+        for (int f = 0; f < pr->nfeat; f++) {
+            gcd_path_start(&p->via[f], i);
+            if (gcd_path_find(&ps->c, P->t[i], ps->gathered[f], P->t, P->n, &p->via[f]) < 0 ||
+                gcd_path_find(&ps->c, ps->gathered[f], ps->loss, P->t, P->n, &p->via[f]) < 0)
+                p->via[f].n = 0;
+        }
+    }
+    free(mine), free(every);
+
+    res->nfeat = pr->nfeat;
+    for (int f = 0; f < pr->nfeat; f++) {
+        gcd_feat_grads *g = &res->feat[f];
+        const gcd_tensor *x = ps->feat[f], *all = ps->gathered[f];
+        const double *back = all->node->saved;   // the gather backward's (n values, then how many ranks gave one)
+        if (back && back[x->n] == 0) back = NULL;
+        double *mean = gcd_malloc(all->n * sizeof(double));
+        g->n = x->n;
+        if (root) {
+            g->arrive = gcd_malloc((size_t)W * all->n * sizeof(double)), g->arrive_has = gcd_malloc((size_t)W);
+            g->leave = gcd_malloc((size_t)W * x->n * sizeof(double)), g->leave_has = gcd_malloc((size_t)W);
+        }
+        gcd_ddp_mean(comm, all->grad, all->n, mean, g->arrive, g->arrive_has);
+        gcd_ddp_mean(comm, back, x->n, mean, g->leave, g->leave_has);
+        free(mean);
+    }
 }
 
 void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
@@ -82,7 +137,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     res->nloss = o->steps > 0 ? o->steps : 1;
     res->loss = gcd_malloc((size_t)(root ? res->nloss : 1) * W * sizeof(double));   // the history lives on rank 0 only
 
-    gcd_arena params_arena = { 0 }, pass = { 0 };
+    gcd_arena params_arena = { 0 }, arena = { 0 };
     gcd_ctx pc = gcd_ctx_make(&params_arena);
     gcd_params P = { 0 };
     pr->init(&pc, &o->cfg, &P);
@@ -103,7 +158,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     // the inputs' shapes, from rank 0's own (every rank's are alike)
     res->ninput = pr->ninput;
     {
-        gcd_ctx c = gcd_ctx_make(&pass);
+        gcd_ctx c = gcd_ctx_make(&arena);
         gcd_tensor *in[GCD_MAX_INPUTS];
         pr->inputs(&c, &o->cfg, 0, in);
         for (int j = 0; j < pr->ninput; j++) {
@@ -113,15 +168,17 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             res->input_n[j] = in[j]->n;
             if (root) res->inputs[j] = gcd_malloc((size_t)W * in[j]->n * sizeof(double));
         }
-        gcd_arena_reset(&pass);
+        gcd_arena_reset(&arena);
     }
 
     double *mean[GCD_MAX_PARAMS];
     int got[GCD_MAX_PARAMS];   // ranks with a gradient, this step
     for (int i = 0; i < P.n; i++) mean[i] = gcd_malloc(P.t[i]->n * sizeof(double));
     for (int s = 0; s < res->nloss; s++) {
-        double loss = step(comm, o, &P, &pass);
-        comm->all_gather(comm, &loss, res->loss + (root ? (size_t)s * W : 0), 1);
+        pass ps;
+        step(comm, o, &P, &arena, &ps);
+        if (s == 0) trace(comm, pr, &P, &ps, res);
+        comm->all_gather(comm, ps.loss->data, res->loss + (root ? (size_t)s * W : 0), 1);
         for (int i = 0; i < P.n; i++) {
             gcd_param_result *p = &res->param[i];
             int first = s == 0;
@@ -131,7 +188,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
                 p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
             }
         }
-        gcd_arena_reset(&pass);
+        gcd_arena_reset(&arena);
         if (s == 0 && root) reference(o, W, &P, res);   // at the starting values, before any update
         for (int i = 0; i < P.n && o->steps > 0; i++)    // plain SGD on the reduced gradient; None: no update
             for (size_t k = 0; got[i] && k < P.t[i]->n; k++) P.t[i]->data[k] -= o->lr * mean[i][k];
@@ -144,10 +201,10 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         p->moved = sqrt(d2);
         p->moved_any = memcmp(P.t[i]->data, p->init, p->n * sizeof(double)) != 0;
     }
-    gcd_arena_free(&pass);
+    gcd_arena_free(&arena);
     gcd_arena_free(&params_arena);
     res->tol = GCD_TOL;
-    if (root) gcd_verdict(res);
+    if (root) gcd_verdict(res), gcd_blame(res);
 }
 
 void gcd_run_result_free(gcd_run_result *res) {
@@ -155,6 +212,11 @@ void gcd_run_result_free(gcd_run_result *res) {
         gcd_param_result *p = &res->param[i];
         free(p->init), free(p->local), free(p->has), free(p->reduced), free(p->reference);
         free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite), free(p->differs);
+        free(p->rank_path), free(p->via), free(p->reason);
+    }
+    for (int f = 0; f < res->nfeat; f++) {
+        gcd_feat_grads *g = &res->feat[f];
+        free(g->arrive), free(g->arrive_has), free(g->leave), free(g->leave_has), free(g->ref);
     }
     for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
     free(res->finding);

@@ -5,6 +5,7 @@
  */
 #pragma once
 #include "gather.h"
+#include "path.h"
 #include "probe.h"
 
 typedef enum {
@@ -51,7 +52,25 @@ typedef struct {
     unsigned char *differs;       // (world) stage reduced: 1 where rank k's gradient is not rank first's
     int first;                    // stage reduced: the first rank with a gradient, g's source
     double max_diff, diff_rel;    // largest |g_k - g_first| and ||g_k - g_first|| / ||g_first||
+    // run only (probes): the forward graph (run.c), and where the gradient goes wrong (blame.c)
+    gcd_path *rank_path;          // (world) each rank's shortest path to its loss; n 0 where it does not use the parameter
+    gcd_path *via;                // (nfeat) rank 0's path through gathered feature f; n 0 when the parameter does not feed f
+    gcd_path path;                // what the report shows; n 0 for check
+    int breaks_at;                // the node of path where the gradient is cut or departs; -1: nowhere
+    char *reason;                 // why, in words (malloc'd), or NULL
 } gcd_param_result;
+
+// One gathered feature at the gather's two sides, where blame.c measures: the gradient arriving at the
+// gathered tensor and what the gather's backward returned to each rank's own rows, on every rank, and
+// the reference's at its concatenation of every rank's features (rank r's rows are slot r).
+typedef struct {
+    size_t n;                     // values of one rank's features; the gathered tensor holds world * n
+    double *arrive;               // (world, world * n) each rank's gradient at the gathered features; zeros where None
+    unsigned char *arrive_has;    // (world)
+    double *leave;                // (world, n) the gather backward's gradient for each rank's own features
+    unsigned char *leave_has;     // (world)
+    double *ref;                  // (world * n) the reference's gradient at the concatenation
+} gcd_feat_grads;
 
 typedef struct {
     char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, learning_stopped, forward, note
@@ -77,6 +96,8 @@ typedef struct {
     int nloss;                        // steps recorded (max(steps, 1))
     double *loss;                     // (nloss, world), rank 0 only
     double ref_loss;                  // the reference objective: mean over ranks of loss_r
+    int nfeat;                        // run only: the gathered features
+    gcd_feat_grads feat[GCD_MAX_FEATS];
     int nfinding, cap_finding;
     gcd_finding *finding;             // (nfinding)
 } gcd_run_result;

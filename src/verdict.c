@@ -182,7 +182,7 @@ static void emit(gcd_run_result *res, const char *kind, int counts, gcd_sb *ids,
     *msg = (gcd_sb){ 0 };
 }
 
-static void ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {
+void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {
     int n = 0, total = 0;
     for (int k = 0; k < world; k++) total += flag[k] == want;
     for (int k = 0; k < world; k++)
@@ -250,7 +250,7 @@ void gcd_verdict(gcd_run_result *res) {
         gcd_sb_printf(&ids, "%s", p->name);
         gcd_sb_printf(&m, "%s has a gradient on %d of %d ranks; None on rank%s ", p->name, p->nhave, res->world,
                       plural(res->world - p->nhave, "", "s"));
-        ranks_list(&m, p->has, 0, res->world);
+        gcd_ranks_list(&m, p->has, 0, res->world);
         emit(res, "partial", 1, &ids, &m);
     }
     st = GCD_ST_ZERO;
@@ -290,7 +290,7 @@ void gcd_verdict(gcd_run_result *res) {
         int nd = 0;
         for (int k = 0; k < res->world; k++) nd += worst->differs[k];
         gcd_sb_printf(&m, "%s ", plural(nd, "", "s"));
-        ranks_list(&m, worst->differs, 1, res->world);
+        gcd_ranks_list(&m, worst->differs, 1, res->world);
         gcd_sb_printf(&m, " (a parameter outside DDP, a no_sync misuse, or a gradient changed after the all-reduce)");
         emit(res, "disagree", 1, &ids, &m);
     }

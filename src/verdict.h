@@ -23,6 +23,9 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
 // The same from p->reduced (NULL: None on every rank) and p->reference, in memory (the probes).
 void gcd_classify(gcd_param_result *p, int world, double tol);
 
+// "1, 2 and 3": the ranks k where flag[k] == want
+void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world);
+
 // Classifies every parameter (unless res->classified) and writes res->finding.
 void gcd_verdict(gcd_run_result *res);
 // 1 when the run has a gradient finding (notes do not count)

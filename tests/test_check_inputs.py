@@ -148,6 +148,8 @@ def finding_partial_names_the_rank():
     need("rank 2" in f["message"] and "b" in f["params"], f"partial finding {f}")
     pr = params(rep)["b"]["per_rank"]
     need([r["present"] for r in pr] == [True, True, False, True], f"per_rank present {pr}")
+    need(not any("path" in p or "breaks_at" in p for p in params(rep).values()), "a check report has no graph: no path, no breaks_at")
+    need("path:" not in text, f"check prints no path line:\n{text}")
 
 
 @case

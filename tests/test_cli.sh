@@ -58,6 +58,8 @@ rc=$?
 [ $rc = 1 ] || fail "run --world 4 --mode off exited $rc, expected 1"
 grep -q "fc1.weight and fc1.bias receive no gradient on any rank" off.txt || fail "mode off: no verdict naming fc1: $(cat off.txt)"
 grep -q "only 1 of 5 parameters receives a gradient: logit_scale" off.txt || fail "mode off: no verdict naming logit_scale"
+grep -qxF "          path: fc1.weight -> linear(fc1) -> relu -> all_gather[off] ✂ under no_grad (Lightning sync_grads=False) -> view -> mul -> mse_loss" off.txt ||
+    fail "mode off: no path line under the fc1 finding: $(grep 'path:' off.txt)"
 [ ! -e reports ] || fail "--no-json wrote a report"
 
 # ---- the default run: on under test, the other modes as controls; the report and its round trip
@@ -89,6 +91,18 @@ done
 "$G" run --world 2 --probe contrastive --mode off,on --json off.json >/dev/null 2>&1
 [ $? = 1 ] || fail "--mode off,on must exit 1"
 "$G" report off.json --format md | head -1 | grep -q "only 1 of 5 parameters receives a gradient" || fail "md title: $("$G" report off.json --format md | head -1)"
+"$G" report off.json --format md | grep -qF '  - path: `img.weight -> linear(img) -> normalize -> all_gather[off] ✂ under no_grad' ||
+    fail "the Markdown must show the chain under the finding"
+"$PY" - off.json <<'PY' || fail "off.json: every encoder tensor must break at the gather, logit_scale nowhere"
+import json, sys
+run = json.load(open(sys.argv[1]))["runs"][0]
+for p in run["params"]:
+    at = p["breaks_at"]
+    if p["name"] == "logit_scale":
+        assert at is None and p["path"][-1]["op"] == "mean", p
+    else:
+        assert p["path"][at]["op"] == "all_gather" and p["path"][at]["detached"] and "no_grad" in p["path"][at]["reason"], p
+PY
 [ "$("$G" report off.json --format junit | grep -c '<failure')" = 1 ] || fail "junit must fail mode off only"
 
 # ---- --json -: the JSON on stdout, the table on stderr; default path under reports/

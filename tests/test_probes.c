@@ -1,12 +1,15 @@
 // Both probes, every gather mode, seed and random inputs, global and local loss, under mpirun at
 // worlds 1-4, all in one launch. The statuses must be what the issues say the conventions do, the
 // "on" mode must equal the single-process reference, and the reference itself must equal central
-// differences of the objective it claims to differentiate.
+// differences of the objective it claims to differentiate. Every parameter's path says where its
+// gradient breaks, and a test probe whose parameter only even ranks use is partial, "not used" on the rest.
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "ops.h"
+#include "report.h"
+#include "report_render.h"
 #include "run.h"
 #include "expect.h"
 #include "verdict.h"
@@ -96,6 +99,105 @@ static void statuses_should_match_convention(const gcd_run_result *res) {
         CHECK(has_finding(res, "scaled", "(= 1/world)"), "%s mode %s: the words must say 1/world", res->probe, m);
 }
 
+// ----------------------------------------------------------------------------
+// where the gradient breaks: the chain the text and the Markdown show, rendered from the JSON report
+
+static cJSON *report_of(const gcd_run_result *res) {
+    char *argv[] = { "test_probes" };
+    gcd_env env = { .backend = "mpi", .world = res->world, .start_time = "2026-01-01T00:00:00Z" };
+    cJSON *doc = gcd_report_new(1, argv, &env);
+    gcd_report_add_run(doc, res, "test", 1);
+    return doc;
+}
+
+static char *chain_of(const gcd_run_result *res, int i) {
+    cJSON *doc = report_of(res);
+    gcd_sb b = { 0 };
+    gcd_chain(&b, cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "runs"), 0), "params"), i));
+    cJSON_Delete(doc);
+    return b.s ? b.s : gcd_strdup("");
+}
+
+static void paths_should_say_where_it_breaks(const gcd_run_result *res) {
+    int W = res->world, simplenet = !strcmp(res->probe, "simplenet");
+    const char *m = gcd_gather_mode_name(res->mode), *last = simplenet ? "mse_loss" : "mean";
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        const gcd_path *path = &p->path;
+        char *chain = chain_of(res, i);
+        const gcd_path_node *at = p->breaks_at >= 0 ? &path->node[p->breaks_at] : NULL;
+        int enc = is_encoder(res->probe, p->name), gather = gcd_path_find_op(path, GCD_OP_GATHER);
+        CHECK(path->n >= 2 && path->node[0].op == GCD_PATH_PARAM && path->node[0].label == i && !strcmp(gcd_path_op(&path->node[path->n - 1]), last),
+              "%s mode %s: %s: the path must run from the parameter to the loss (%s): %s", res->probe, m, p->name, last, chain);
+        if (p->status == GCD_ST_OK) CHECK(!at && !p->reason, "%s mode %s: %s is ok but breaks at %d: %s", res->probe, m, p->name, p->breaks_at, chain);
+        if (p->status == GCD_ST_NONE) {   // off: cut where the gather ran under no_grad
+            CHECK(at && at->op == GCD_OP_GATHER && at->cut == GCD_CUT_NO_GRAD && p->breaks_at == gather && p->reason &&
+                      !strcmp(p->reason, "under no_grad (Lightning sync_grads=False)"),
+                  "%s world %d mode %s: %s must break at the gather under no_grad: %s", res->probe, W, m, p->name, chain);
+        }
+        if (simplenet && res->mode == GCD_GATHER_OFF && i == 0)
+            CHECK(!strcmp(chain, "fc1.weight -> linear(fc1) -> relu -> all_gather[off] ✂ under no_grad (Lightning sync_grads=False) -> view -> mul -> mse_loss"),
+                  "simplenet off, world %d: chain %s", W, chain);
+        if (!simplenet && !enc) CHECK(!at && gather < 0 && gcd_path_first_cut(path) < 0, "%s mode %s: logit_scale has a path and no break: %s", res->probe, m, chain);
+        if (p->status == GCD_ST_SCALED || p->status == GCD_ST_MISMATCH) {
+            CHECK(at && at->op == GCD_OP_GATHER && p->breaks_at == gather, "%s world %d mode %s: %s must be blamed on the gather: %s", res->probe, W, m,
+                  p->name, chain);
+            const char *want = res->mode == GCD_GATHER_OFF ? "no_grad (Lightning sync_grads=False); the loss side already differs: no gradient arrives"
+                               : !res->cfg.local_loss      ? "≠ backward: each rank's own rows get one rank's gradient, not the sum over ranks (x0.25 = 1/world)"
+                               : res->mode == GCD_GATHER_LOCAL ? "≠ backward: the gradient from the other ranks' slots is dropped (cosine"
+                                                               : "≠ backward: the ranks' gradients for each slot are averaged, not summed (x";
+            if (W == 4 || res->cfg.local_loss) CHECK(strstr(chain, want), "%s%s world %d mode %s: %s: expected \"%s\" in %s", res->probe,
+                                                     res->cfg.local_loss ? " local_loss" : "", W, m, p->name, want, chain);
+        }
+        free(chain);
+    }
+}
+
+// A test probe: `aux` enters the loss of the even ranks only; the odd ranks give DDP None for it.
+static void some_init(gcd_ctx *c, const gcd_probe_cfg *cfg, gcd_params *p) {
+    (void)cfg;
+    gcd_param_add(c, p, "enc.weight", 2, (int[]){ 2, 2 }, (double[]){ 0.5, -0.3, 0.2, 0.8 });
+    gcd_param_add(c, p, "aux", 0, NULL, (double[]){ 1.5 });
+}
+static void some_inputs(gcd_ctx *c, const gcd_probe_cfg *cfg, int rank, gcd_tensor **in) {
+    gcd_rng r = gcd_rng_make(cfg->seed, 1 + (uint64_t)rank);
+    in[0] = gcd_tensor_from(c, 2, (int[]){ 1, 2 }, (double[]){ gcd_rng_normal(&r), gcd_rng_normal(&r) });
+}
+static void some_encode(gcd_ctx *c, const gcd_params *p, gcd_tensor **in, gcd_tensor **feat) { feat[0] = gcd_linear(c, in[0], p->t[0], NULL); }
+static gcd_tensor *some_loss(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cfg, int rank, int world, gcd_tensor **gathered, gcd_tensor **own) {
+    (void)cfg, (void)world, (void)own;
+    gcd_tensor *l = gcd_mse(c, gathered[0], NULL);
+    return rank % 2 ? l : gcd_mean(c, gcd_concat(c, 2, (gcd_tensor *[]){ l, gcd_mul(c, p->t[1], l) }));
+}
+static int some_per_rank(const gcd_probe_cfg *cfg) { return (void)cfg, 1; }
+static const gcd_probe probe_some_ranks = { .name = "some_ranks", .nfeat = 1, .feat_follows_mode = { 1 }, .before_gather = 0x1, .ninput = 1,
+                                            .input_name = { "x" }, .init = some_init, .inputs = some_inputs, .encode = some_encode,
+                                            .loss = some_loss, .loss_per_rank = some_per_rank };
+
+static void unused_on_some_ranks_should_be_partial(gcd_comm *comm) {
+    gcd_run_opts o = { .probe = &probe_some_ranks, .mode = GCD_GATHER_ON, .lr = 0.1, .cfg = { .seed = 3 } };
+    gcd_run_result res;
+    gcd_run(comm, &o, &res);
+    if (comm->rank == 0) {
+        int W = comm->world;
+        const gcd_param_result *aux = &res.param[1];
+        const char *want = W == 1 ? "aux -> mul(aux) -> concat -> mean" : W == 4 ? "aux ✂ not used on ranks 1 and 3 -> mul(aux) -> concat -> mean"
+                                                                                 : "aux ✂ not used on rank 1 -> mul(aux) -> concat -> mean";
+        char *chain = chain_of(&res, 1);
+        CHECK(res.param[0].status == GCD_ST_OK, "enc.weight: %s", gcd_status_str(res.param[0].status));
+        CHECK(aux->status == (W == 1 ? GCD_ST_OK : GCD_ST_PARTIAL) && aux->nhave == (W + 1) / 2, "world %d: aux is %s on %d ranks", W,
+              gcd_status_str(aux->status), aux->nhave);
+        CHECK(!strcmp(chain, want), "world %d: aux's chain %s, expected %s", W, chain, want);
+        cJSON *doc = report_of(&res);
+        char *text = gcd_render_text(doc), line[256];
+        snprintf(line, sizeof line, "\n          path: %s\n", want);
+        CHECK(W == 1 || strstr(text, line), "world %d: the text must show the chain under the partial finding:\n%s", W, text);
+        free(text), free(chain);
+        cJSON_Delete(doc);
+    }
+    gcd_run_result_free(&res);
+}
+
 // every rank used the inputs rank 0 recorded for the report's replay setup
 static void inputs_should_be_rebuildable(gcd_comm *comm, const gcd_run_opts *o, const gcd_run_result *res) {
     gcd_arena a = { 0 };
@@ -164,11 +266,13 @@ int main(int argc, char **argv) {
                           o.probe->name, gcd_gather_mode_name(mode), comm->world, why.s ? why.s : "");
                     gcd_sb_free(&why);
                     if (mode == GCD_GATHER_ON) reference_should_match_central_differences(&o, &res);
+                    paths_should_say_where_it_breaks(&res);
                 }
                 gcd_run_result_free(&res);
                 nruns++;
             }
     for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) steps_should_show_learning_stopped(comm, mode);
+    unused_on_some_ranks_should_be_partial(comm);
     double failures = check_failures;
     comm->all_reduce(comm, &failures, 1);
     if (comm->rank == 0) printf("test_probes world %d: %d runs + 4 step runs, %s, %d failure(s)\n", comm->world, nruns, failures ? "FAILED" : "passed", (int)failures);
