@@ -133,7 +133,8 @@ char *gcd_render_md(const cJSON *doc) {
     }
 
     gcd_sb_printf(&b, "\n## Gradients per parameter and gather mode\n\nCell: status, L2 norm of the DDP-mean gradient, and its scale (xC) or cosine against the single-process reference.\n\n");
-    int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS);
+    int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS), nruns = cJSON_GetArraySize(runs);
+    if (nruns > MAX_RUNS) gcd_sb_printf(&b, "(%d more runs are in the report; the tables show the first %d)\n\n", nruns - MAX_RUNS, MAX_RUNS);
     for (int g = 0; g < ng; g++) {
         const cJSON *cols[MAX_RUNS] = { 0 };
         int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);

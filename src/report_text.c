@@ -264,8 +264,9 @@ char *gcd_render_text(const cJSON *doc) {
                       gcd_jint(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
     }
     int group[MAX_RUNS];
-    int ng = gcd_run_groups(runs, group, MAX_RUNS);
+    int ng = gcd_run_groups(runs, group, MAX_RUNS), nruns = cJSON_GetArraySize(runs);
     for (int g = 0; g < ng; g++) group_table(&b, runs, group, g);
+    if (nruns > MAX_RUNS) gcd_sb_printf(&b, "(%d more runs are in the report; the tables show the first %d)\n\n", nruns - MAX_RUNS, MAX_RUNS);
     const cJSON *e;
     int shown = 0, check = !strcmp(gcd_jstr(r0, "probe"), "check");   // check: the findings above are the whole verdict
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {

@@ -165,6 +165,10 @@ f["message"], f["counts"] = "<&\"'> line\nbreak \u0001 ```", True
 r["expectations"][0]["met"], r["expectations"][0]["message"] = False, "bad <tag> & \"quote\"\n# heading"
 json.dump(r, open(sys.argv[2], "w"))
 PY
+# a report of 160 runs: JUnit renders every one it counts; the text says what its tables leave out
+"$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["runs"]*=20; d["expectations"]*=20; json.dump(d,open(sys.argv[2],"w"))' run.json many.json
+[ "$("$G" report many.json --format junit | grep -c '<testcase ')" = 160 ] || fail "JUnit must render all 160 runs it counts"
+"$G" report many.json | grep -q "96 more runs are in the report" || fail "the text must say which runs its tables leave out"
 "$G" report escapes.json --format junit >escapes.xml || fail "junit of escapes.json failed"
 "$PY" -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' escapes.xml || fail "the JUnit of hostile strings is not well-formed XML"
 "$G" report escapes.json --format md >escapes.md || fail "md of escapes.json failed"
