@@ -17,8 +17,7 @@
 #include "sha256.h"
 #include "verdict.h"
 
-#define CHUNK 4096
-   // elements per rank converted to float64 at a time: three such buffers stay in L2
+#define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
 
 static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t len, const char *fmt, ...) {
@@ -140,9 +139,7 @@ static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, siz
         *out = NULL, *n = 0;
         return rc;
     }
-    char **sorted = gcd_malloc((size_t)(*n ? *n : 1) * sizeof *sorted);
-    memcpy(sorted, *out, (size_t)*n * sizeof *sorted);
-    qsort(sorted, (size_t)*n, sizeof *sorted, by_str);
+    char **sorted = sorted_copy(*out, *n);
     for (int i = 1; i < *n && !rc; i++)
         if (!strcmp(sorted[i], sorted[i - 1])) rc = fail(err, len, "%s: gradcheck.params names '%.80s' twice", f->path, sorted[i]);
     free(sorted);
@@ -273,7 +270,6 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     else if (set->has_ref && (x = first_missing(ref_params, nref, params, np)))
         rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, x);
     free_strs(ref_params, nref);
-    ref_params = NULL, nref = 0;
     if (rc) return rc;
 
     // per parameter: one shape everywhere, and the tolerance the dtypes allow
@@ -298,7 +294,6 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     }
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
     set->sha256 = gcd_malloc((size_t)(set->world + 1) * sizeof *set->sha256);
-    free_strs(ref_params, nref);
     return 0;
 }
 
