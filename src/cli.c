@@ -354,6 +354,11 @@ static int launch(const options *o, int argc, char **argv) {
     if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
     if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    // one node: the ob1 PML straight away. The default (cm) loads the psm/psm2 libraries first, whose
+    // constructors sleep ~0.2 s, then settles on ob1 anyway. A PML the user chose, or several hosts
+    // (UCX, InfiniBand), keep Open MPI's choice.
+    const char *pml = getenv("OMPI_MCA_pml");
+    if (!o->hostfile && !(pml && *pml)) av[n++] = "--mca", av[n++] = "pml", av[n++] = "ob1";
     // Open MPI starts ranks on other nodes without this environment: forward every GCD_ and NCCL_
     // variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
     int first_x = n;
