@@ -581,8 +581,9 @@ static int run_rank(const options *o, int argc, char **argv) {
     for (int pi = 0; gcd_probes[pi]; pi++) {
         const gcd_probe *pr = gcd_probes[pi];
         if (strcmp(o->probe, "all") && strcmp(o->probe, pr->name)) continue;
+        gcd_reference ref = { 0 };   // one reference for every mode of this probe (rank 0's)
         for (int mi = 0; mi < o->nmode; mi++) {
-            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr };
+            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr, .ref = &ref };
             if (strcmp(pr->name, "contrastive")) ro.cfg.local_loss = 0;
             gcd_run_result res;
             char what[96];
@@ -596,6 +597,7 @@ static int run_rank(const options *o, int argc, char **argv) {
             }
             gcd_run_result_free(&res);
         }
+        gcd_reference_free(&ref);
     }
 
     int code = all_met ? 0 : 1;
