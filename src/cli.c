@@ -354,6 +354,11 @@ static int launch(const options *o, int argc, char **argv) {
     if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
     if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    // one node: the ob1 PML straight away. The default (cm) loads the psm/psm2 libraries first, whose
+    // constructors sleep ~0.2 s, then settles on ob1 anyway. A PML the user chose, or several hosts
+    // (UCX, InfiniBand), keep Open MPI's choice.
+    const char *pml = getenv("OMPI_MCA_pml");
+    if (!o->hostfile && !(pml && *pml)) av[n++] = "--mca", av[n++] = "pml", av[n++] = "ob1";
     // Open MPI starts ranks on other nodes without this environment: forward every GCD_ and NCCL_
     // variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
     int first_x = n;
@@ -576,8 +581,9 @@ static int run_rank(const options *o, int argc, char **argv) {
     for (int pi = 0; gcd_probes[pi]; pi++) {
         const gcd_probe *pr = gcd_probes[pi];
         if (strcmp(o->probe, "all") && strcmp(o->probe, pr->name)) continue;
+        gcd_reference ref = { 0 };   // one reference for every mode of this probe (rank 0's)
         for (int mi = 0; mi < o->nmode; mi++) {
-            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr };
+            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr, .ref = &ref };
             if (strcmp(pr->name, "contrastive")) ro.cfg.local_loss = 0;
             gcd_run_result res;
             char what[96];
@@ -591,6 +597,7 @@ static int run_rank(const options *o, int argc, char **argv) {
             }
             gcd_run_result_free(&res);
         }
+        gcd_reference_free(&ref);
     }
 
     int code = all_met ? 0 : 1;

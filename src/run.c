@@ -55,6 +55,35 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
     gcd_arena_free(&arena);
 }
 
+// the same reference for another mode: copied out of (keep 0) or into (keep 1) the holder
+
+static void reference_copy(gcd_reference *r, gcd_run_result *res, int keep) {
+    for (int f = 0; f < res->nfeat; f++) {
+        size_t n = (size_t)res->world * res->feat[f].n;
+        if (keep) r->feat[f] = copy(res->feat[f].ref, n);
+        else res->feat[f].ref = copy(r->feat[f], n);
+    }
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if (keep) r->param[i] = copy(p->reference, p->n);
+        else p->reference = copy(r->param[i], p->n);
+    }
+    for (int j = 0; j < res->ninput; j++) {   // allocated by gcd_run, filled by reference()
+        size_t n = (size_t)res->world * res->input_n[j];
+        if (keep) r->inputs[j] = copy(res->inputs[j], n);
+        else memcpy(res->inputs[j], r->inputs[j], n * sizeof(double));
+    }
+    if (keep) r->loss = res->ref_loss, r->done = 1;
+    else res->ref_loss = r->loss;
+}
+
+void gcd_reference_free(gcd_reference *r) {
+    for (int f = 0; f < GCD_MAX_FEATS; f++) free(r->feat[f]);
+    for (int i = 0; i < GCD_MAX_PARAMS; i++) free(r->param[i]);
+    for (int j = 0; j < GCD_MAX_INPUTS; j++) free(r->inputs[j]);
+    memset(r, 0, sizeof *r);
+}
+
 // ----------------------------------------------------------------------------
 // one forward/backward on this rank with the real collectives; the pass's tape stays in ps until the
 // arena is reset
@@ -189,7 +218,13 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             }
         }
         gcd_arena_reset(&arena);
-        if (s == 0 && root) reference(o, W, &P, res);   // at the starting values, before any update
+        if (s == 0 && root) {   // at the starting values, before any update
+            if (o->ref && o->ref->done) reference_copy(o->ref, res, 0);
+            else {
+                reference(o, W, &P, res);
+                if (o->ref) reference_copy(o->ref, res, 1);
+            }
+        }
         for (int i = 0; i < P.n && o->steps > 0; i++)    // plain SGD on the reduced gradient; None: no update
             for (size_t k = 0; got[i] && k < P.t[i]->n; k++) P.t[i]->data[k] -= o->lr * mean[i][k];
     }

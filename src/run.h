@@ -102,15 +102,28 @@ typedef struct {
     gcd_finding *finding;             // (nfinding)
 } gcd_run_result;
 
+// The single-process reference does not depend on the gather mode: the first run of a probe and
+// configuration keeps it here, and the runs of its other modes copy it instead of recomputing it.
+// Rank 0 only; the holder must pass it only to runs of that same probe, configuration and world.
+typedef struct {
+    int done;
+    double loss;                      // gcd_run_result.ref_loss
+    double *feat[GCD_MAX_FEATS];      // (world * n) gcd_feat_grads.ref
+    double *param[GCD_MAX_PARAMS];    // (n) gcd_param_result.reference
+    double *inputs[GCD_MAX_INPUTS];   // (world, input_n) gcd_run_result.inputs
+} gcd_reference;
+
 typedef struct {
     const gcd_probe *probe;
     gcd_probe_cfg cfg;
     gcd_gather_mode mode;
     int steps;
     double lr;
+    gcd_reference *ref;   // optional: reused when done, kept otherwise; NULL computes it for this run alone
 } gcd_run_opts;
 
 // Collective: every rank calls it. Rank 0's result is complete; the other ranks' lack local, inputs
 // and reference.
 void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res);
 void gcd_run_result_free(gcd_run_result *res);
+void gcd_reference_free(gcd_reference *ref);

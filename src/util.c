@@ -57,37 +57,40 @@ struct gcd_chunk {
     _Alignas(16) unsigned char data[];
 };
 
+static int fits(const gcd_chunk *c, size_t bytes) { return c && c->cap - c->used >= bytes; }
+
 void *gcd_arena_alloc(gcd_arena *a, size_t bytes) {
     bytes = (bytes + 15) & ~(size_t)15;
-    if (!a->head || a->head->cap - a->head->used < bytes) {
-        size_t cap = bytes > (1u << 20) ? bytes : (1u << 20);
-        gcd_chunk *c = malloc(sizeof *c + cap);
-        if (!c) GCD_FATAL("arena: out of memory: need %zu bytes more, %zu in use", cap, a->bytes);
-        c->next = a->head;
-        c->cap = cap;
-        c->used = 0;
-        a->head = c;
+    if (!fits(a->cur, bytes)) {
+        if (a->cur && fits(a->cur->next, bytes)) a->cur = a->cur->next;   // a kept chunk, in the same order as last pass
+        else {   // a new one, right after the current one (a kept one too small waits for a later request)
+            size_t cap = bytes > (1u << 20) ? bytes : (1u << 20);
+            gcd_chunk *c = malloc(sizeof *c + cap);
+            if (!c) GCD_FATAL("arena: out of memory: need %zu bytes more, %zu in use", cap, a->bytes);
+            c->cap = cap;
+            c->used = 0;
+            if (a->cur) c->next = a->cur->next, a->cur->next = c;
+            else c->next = a->head, a->head = c;   // the first chunk of this arena or of this pass
+            a->cur = c;
+        }
     }
-    void *p = a->head->data + a->head->used;
-    a->head->used += bytes;
+    void *p = a->cur->data + a->cur->used;
+    a->cur->used += bytes;
     a->bytes += bytes;
     return memset(p, 0, bytes);
 }
 
 void gcd_arena_reset(gcd_arena *a) {
-    // keep the newest chunk, free the rest
-    if (!a->head) return;
-    gcd_chunk *c = a->head->next;
-    while (c) { gcd_chunk *n = c->next; free(c); c = n; }
-    a->head->next = NULL;
-    a->head->used = 0;
+    for (gcd_chunk *c = a->head; c; c = c->next) c->used = 0;
+    a->cur = a->head;
     a->bytes = 0;
 }
 
 void gcd_arena_free(gcd_arena *a) {
-    gcd_arena_reset(a);
-    free(a->head);
-    a->head = NULL;
+    gcd_chunk *c = a->head;
+    while (c) { gcd_chunk *n = c->next; free(c); c = n; }
+    a->head = a->cur = NULL;
+    a->bytes = 0;
 }
 
 // ----------------------------------------------------------------------------

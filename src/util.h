@@ -28,12 +28,15 @@ void *gcd_malloc(size_t bytes);   // zeroed; fatal on failure
 char *gcd_strdup(const char *s);
 
 // ----------------------------------------------------------------------------
-// arena: bump allocation in chunks, everything freed at once
+// arena: bump allocation in chunks, everything released at once. A reset keeps the chunks for the
+// next pass (the same shapes every step: no malloc, free or fresh page faults after the first);
+// gcd_arena_free returns them.
 
 typedef struct gcd_chunk gcd_chunk;
 typedef struct {
-    gcd_chunk *head;
-    size_t bytes;   // handed out since the last reset
+    gcd_chunk *head;   // the first chunk; the others follow in the order they are filled
+    gcd_chunk *cur;    // the chunk being filled
+    size_t bytes;      // handed out since the last reset
 } gcd_arena;
 
 void *gcd_arena_alloc(gcd_arena *a, size_t bytes);   // zeroed, 16-byte aligned

@@ -309,7 +309,18 @@ for hosts in "" "--hostfile few.hosts"; do
         [[ $args == *" -x $v "* ]] || fail "launcher ($hosts): mpirun was not given -x $v:$args"
     done
     [[ $args == *" -x GCDX "* || $args == *" -x PATH "* ]] && fail "launcher ($hosts): forwarded a variable that is not GCD_/NCCL_:$args"
+    # one node: --mca pml ob1 (skips cm's psm/psm2 sleeps); several hosts keep Open MPI's choice
+    if [ -z "$hosts" ]; then
+        [[ $args == *" --mca pml ob1 "* ]] || fail "launcher: a single-node job must get --mca pml ob1:$args"
+    else
+        [[ $args == *" pml "* ]] && fail "launcher ($hosts): with --hostfile the PML is Open MPI's choice:$args"
+    fi
 done
+# a PML the user chose is kept
+PATH=$work/fakebin:$PATH FAKE_ARGV=$work/argv OMPI_MCA_pml=ucx "$G" run --world 2 --no-json >/dev/null 2>&1 ||
+    fail "the launcher with a fake mpirun (OMPI_MCA_pml) failed"
+args=" $(tr '\n' ' ' <argv)"
+[[ $args == *" pml "* ]] && fail "launcher: OMPI_MCA_pml is set, yet mpirun was given a PML:$args"
 
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
