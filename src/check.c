@@ -154,14 +154,19 @@ static int ignored(const gcd_check_opts *o, const char *name) {
 
 static double dtype_tol(gcd_dtype d) { return d == GCD_DT_F64 ? GCD_TOL : d == GCD_DT_F32 ? 1e-5 : 1e-2; }
 
-static void shape_str(char *buf, size_t len, const gcd_st_tensor *t) {
-    size_t k = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < t->ndim && k < len; i++) k += (size_t)snprintf(buf + k, len - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
-    if (k < len) snprintf(buf + k, len - k, ")");
+static char *shape_str(char *buf, size_t len, const gcd_st_tensor *t) {   // "(4,8)": the reader keeps each dim <= INT_MAX
+    int shape[GCD_ST_MAX_DIM];
+    for (int i = 0; i < t->ndim; i++) shape[i] = (int)t->shape[i];
+    return gcd_shape_str(buf, len, t->ndim, shape);
 }
 
 static int same_shape(const gcd_st_tensor *a, const gcd_st_tensor *b) {
     return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]);
+}
+
+// rank k's dump, or with k == world the reference (NULL without --ref)
+static const gcd_st_file *file_of(const gcd_check_set *set, int k) {
+    return k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
 }
 
 // the file's own consistency: metadata, and every tensor a listed, readable parameter
@@ -279,7 +284,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         const gcd_st_tensor *first = NULL;
         int first_rank = -1;
         for (int k = 0; k <= set->world; k++) {
-            const gcd_st_file *f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            const gcd_st_file *f = file_of(set, k);
             const gcd_st_tensor *t = f ? gcd_st_find(f, params[j]) : NULL;
             if (!t) continue;
             set->tol_default = fmax(set->tol_default, dtype_tol(t->dtype));
@@ -328,7 +333,7 @@ static void *hash_files(void *arg) {
         goto out;
     }
     for (int k = 0; k <= set->world && !h->err[0]; k++) {
-        f = k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+        f = file_of(set, k);
         if (!f) { set->sha256[k][0] = 0; continue; }
         gcd_sha256 s;
         gcd_sha256_init(&s);
@@ -442,7 +447,6 @@ typedef struct {
 
 static const char *volatile reading;   // the file being read, for the SIGBUS message
 
-static const gcd_st_file *file_of(const gcd_check_set *set, int k) { return k < set->world ? &set->rank[k] : &set->ref; }
 
 static const unsigned char *bytes(scan *s, int k, uint64_t at, size_t m) {
     const gcd_st_file *f = file_of(s->set, k);
@@ -566,7 +570,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     uint64_t total = 0, seen = 0;
     for (int j = 0; j < set->nparams; j++)
         for (int k = 0; k <= W; k++) {
-            const gcd_st_file *f = k < W ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            const gcd_st_file *f = file_of(set, k);
             const gcd_st_tensor *t = f && !ignored(o, set->params[j]) ? gcd_st_find(f, set->params[j]) : NULL;
             total += t ? t->end - t->begin : 0;
         }
@@ -582,7 +586,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
         p->differs = gcd_malloc((size_t)W);
         const gcd_st_tensor *any = NULL;   // the loosest dtype among the ranks' (else the reference's) names the column
         for (int k = 0; k <= W; k++) {
-            const gcd_st_file *f = k < W ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+            const gcd_st_file *f = file_of(set, k);
             s.t[k] = f ? gcd_st_find(f, p->name) : NULL;
             if (!s.t[k]) continue;
             seen += s.t[k]->end - s.t[k]->begin;

@@ -8,27 +8,20 @@
 // XML text and attribute values: the five entities escaped, control characters dropped (XML 1.0 has no
 // way to say them), invalid UTF-8 replaced by U+FFFD
 static void xml(gcd_sb *b, const char *str) {
-    const unsigned char *s = (const unsigned char *)str;
+    const unsigned char *s = (const unsigned char *)str, *end = s + strlen(str);
     while (*s) {
-        unsigned c = *s, k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
-        int ok = k != 9 && !(k == 1 && c < 0xc2) && !(k == 3 && c > 0xf4);
-        unsigned cp = k == 0 ? c : c & (0x3f >> k);
-        for (unsigned j = 1; ok && j <= k; j++) {
-            ok = (s[j] & 0xc0) == 0x80;
-            cp = cp << 6 | (s[j] & 0x3f);
-        }
-        ok = ok && !(k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) && !(k == 3 && (cp < 0x10000 || cp > 0x10ffff));
-        if (!ok) { gcd_sb_printf(b, "\xef\xbf\xbd"); s++; continue; }
-        switch (c) {
+        size_t k = gcd_utf8_char(s, (size_t)(end - s));
+        if (!k) { gcd_sb_printf(b, "\xef\xbf\xbd"); s++; continue; }
+        switch (*s) {
         case '&': gcd_sb_printf(b, "&amp;"); break;
         case '<': gcd_sb_printf(b, "&lt;"); break;
         case '>': gcd_sb_printf(b, "&gt;"); break;
         case '"': gcd_sb_printf(b, "&quot;"); break;
         case '\'': gcd_sb_printf(b, "&apos;"); break;
         default:
-            if (c >= 0x20 || c == '\n' || c == '\t') gcd_sb_append(b, s, k + 1);
+            if (*s >= 0x20 || *s == '\n' || *s == '\t') gcd_sb_append(b, s, k);
         }
-        s += k + 1;
+        s += k;
     }
 }
 

@@ -60,17 +60,8 @@ static int fail(char *err, size_t len, const char *path, const char *tensor, con
 // parsing
 
 static int utf8_valid(const unsigned char *s, size_t n, size_t *bad) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i], k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
-        if (k == 9 || (k == 1 && c < 0xc2) || (k == 3 && c > 0xf4) || i + k >= n + (k == 0)) return *bad = i, 0;
-        unsigned cp = k == 0 ? c : c & (0x3f >> k);
-        for (unsigned j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80) return *bad = i, 0;
-            cp = cp << 6 | (s[i + j] & 0x3f);
-        }
-        if ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff))) return *bad = i, 0;
-        i += k + 1;
-    }
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = gcd_utf8_char(s + i, n - i))) return *bad = i, 0;
     return 1;
 }
 

@@ -154,3 +154,19 @@ void gcd_sb_free(gcd_sb *b) {
     b->s = NULL;
     b->len = b->cap = 0;
 }
+
+// ----------------------------------------------------------------------------
+// UTF-8
+
+size_t gcd_utf8_char(const unsigned char *s, size_t n) {
+    if (!n) return 0;
+    unsigned c = s[0], k = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
+    if (k == 9 || (k == 1 && c < 0xc2) || (k == 3 && c > 0xf4) || k >= n) return 0;
+    unsigned cp = k == 0 ? c : c & (0x3f >> k);
+    for (unsigned j = 1; j <= k; j++) {
+        if ((s[j] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[j] & 0x3f);
+    }
+    if ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff))) return 0;   // overlong, surrogate
+    return k + 1;
+}

@@ -62,3 +62,8 @@ typedef struct {
 void gcd_sb_printf(gcd_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gcd_sb_append(gcd_sb *b, const void *bytes, size_t n);   // raw bytes, NUL-terminated after
 void gcd_sb_free(gcd_sb *b);
+
+// ----------------------------------------------------------------------------
+// UTF-8: the length (1-4) of the valid, shortest-form character at s (n bytes left), or 0 when invalid
+
+size_t gcd_utf8_char(const unsigned char *s, size_t n);
