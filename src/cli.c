@@ -57,6 +57,7 @@ static const char usage[] =
     "  --json PATH|-        where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
     "                       -: stdout, and the table goes to stderr)\n"
     "  --no-json            write no report\n"
+    "  --junit PATH|-       also write the result as JUnit XML for CI (also with --no-json)\n"
     "  --summary-only       leave tensor values out of the report, keep the statuses\n"
     "\n"
     "check options:\n"
@@ -64,7 +65,7 @@ static const char usage[] =
     "  --ref FILE           the single-process reference: same starting weights, the whole batch, world 1\n"
     "  --ignore GLOB        leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')\n"
     "  --tol X              relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)\n"
-    "  --json PATH|- --no-json   as for run\n"
+    "  --json PATH|- --no-json --junit PATH|-   as for run\n"
 
     "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n"
     "\n"
@@ -92,7 +93,7 @@ typedef struct {
     gcd_probe_cfg cfg;
     int steps;
     double lr;
-    const char *hostfile, *json, *backend;
+    const char *hostfile, *json, *backend, *junit;
     int no_json, summary_only;
     double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
@@ -137,19 +138,19 @@ static int parse_modes(const char *v, options *o) {
 }
 
 // Checked before any work: the report's directory must exist and take files, and the path must not be
-// a directory. NULL: the default, reports/ here.
-static int report_path_ok(const char *path) {
+// a directory; the message names flag. NULL: the default JSON report, reports/ here.
+static int report_path_ok(const char *flag, const char *path) {
     if (!path) {
         const char *dir = access("reports", F_OK) == 0 ? "reports" : ".";
         if (access(dir, W_OK | X_OK) == 0) return 0;
         char msg[PATH_MAX + 96];
         snprintf(msg, sizeof msg, "the default report goes into %s/, which cannot be written here: %s (give --json PATH or --no-json)",
                  strcmp(dir, ".") ? dir : "reports", strerror(errno));
-        return bad("--json", "%s", msg);
+        return bad(flag, "%s", msg);
     }
     if (!strcmp(path, "-")) return 0;
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad("--json", "'%s' is a directory", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad(flag, "'%s' is a directory", path);
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -159,9 +160,15 @@ static int report_path_ok(const char *path) {
     if (access(dir, W_OK | X_OK)) {
         char msg[PATH_MAX + 64];
         snprintf(msg, sizeof msg, "cannot write into '%s': %s", dir, strerror(errno));
-        return bad("--json", "%s", msg);
+        return bad(flag, "%s", msg);
     }
     return 0;
+}
+
+// --junit PATH: as --json's, and not the same file (or both stdout)
+static int junit_path_ok(const char *junit, const char *json) {
+    if (json && !strcmp(junit, json)) return bad("--junit", "'%s' is also the --json path: give each its own", junit);
+    return report_path_ok("--junit", junit);
 }
 
 static int parse_run(int argc, char **argv, options *o) {
@@ -180,7 +187,7 @@ static int parse_run(int argc, char **argv, options *o) {
         snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
         static const char *const valued[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
                                               "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", NULL };
+                                              "--json", "--timeout", "--junit", NULL };
         int takes = 0;
         for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
         if (takes) {
@@ -223,6 +230,7 @@ static int parse_run(int argc, char **argv, options *o) {
             o->backend = v;
             if (strcmp(v, "mpi") && strcmp(v, "nccl")) rc = bad(flag, "expected mpi or nccl, got '%s'", v);
         } else if (!strcmp(flag, "--json")) o->json = v;
+        else if (!strcmp(flag, "--junit")) o->junit = v;
         else if (!strcmp(flag, "--no-json")) o->no_json = 1;
         else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
         else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
@@ -230,7 +238,8 @@ static int parse_run(int argc, char **argv, options *o) {
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
-    if (!o->no_json && report_path_ok(o->json)) return 2;
+    if (!o->no_json && report_path_ok("--json", o->json)) return 2;
+    if (o->junit && junit_path_ok(o->junit, o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
     if (o->cfg.inputs_random && !strcmp(o->probe, "contrastive"))
         return bad("--inputs", "%s", "applies to the simplenet probe only (the contrastive probe's inputs always differ per rank)");
@@ -428,6 +437,7 @@ static int launch(const options *o, int argc, char **argv) {
 static struct {
     cJSON *doc;
     char path[PATH_MAX];
+    char junit[PATH_MAX];                        // --junit, or ""
     double t0;
     volatile sig_atomic_t reserved, written;   // the default path was created empty for us; the report is in it
 } job;
@@ -444,17 +454,36 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// rank 0's fatal hook: leave a report saying what failed
-static void write_error_report(const char *message) {
-    if (!job.doc || !job.path[0]) return;
-    char err[512];
-    gcd_report_finish(job.doc, 3, message, 0, now() - job.t0);
-    if (gcd_report_write(job.doc, job.path, err, sizeof err)) {
+// The files a run or check leaves, each whole or absent: the JSON report at json, then the JUnit XML
+// rendered from the same document at junit ("" for none). A failed write is a runtime failure: the code
+// becomes 3, the document says why, and the JSON, when already written, is written again to say so.
+// A path that could not be written is emptied (a reserved default name removed). Returns the code.
+static int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds) {
+    char *path[2] = { json, junit };
+    for (int i = 0; i < 2; i++) {
+        char err[PATH_MAX + 128], *xml = NULL;
+        if (!path[i][0]) continue;
+        int rc = i ? gcd_text_write(xml = gcd_render_junit(doc), "--junit", path[i], err, sizeof err) : gcd_report_write(doc, path[i], err, sizeof err);
+        free(xml);
+        if (!rc) continue;
         fprintf(stderr, "gradcheck-dist: %s\n", err);
-        if (job.reserved) unlink(job.path);
-    } else if (strcmp(job.path, "-")) {
-        fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
+        if (!i && reserved) unlink(json);
+        path[i][0] = 0;
+        if (code == 3) continue;   // the document already says what failed first
+        code = 3;
+        gcd_report_finish(doc, 3, err, 0, seconds);
+        if (i && json[0] && gcd_report_write(doc, json, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
     }
+    return code;
+}
+
+// rank 0's fatal hook: leave a report (and the JUnit file) saying what failed
+static void write_error_report(const char *message) {
+    if (!job.doc || (!job.path[0] && !job.junit[0])) return;
+    gcd_report_finish(job.doc, 3, message, 0, now() - job.t0);
+    write_reports(job.doc, job.path, job.reserved, job.junit, 3, now() - job.t0);
+    if (job.path[0] && strcmp(job.path, "-")) fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
+    if (job.junit[0] && strcmp(job.junit, "-")) fprintf(stderr, "gradcheck-dist: JUnit written to %s\n", job.junit);
     job.written = 1;
 }
 
@@ -571,6 +600,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         job.doc = gcd_report_new(argc, args, &env);
         if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
         else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
+        if (o->junit) snprintf(job.junit, sizeof job.junit, "%s", o->junit);
         gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
         struct sigaction sa = { .sa_handler = rank0_signal };
         sigemptyset(&sa.sa_mask);
@@ -589,7 +619,9 @@ static int run_rank(const options *o, int argc, char **argv) {
             char what[96];
             snprintf(what, sizeof what, "probe %s, mode %s", pr->name, gcd_gather_mode_name(ro.mode));
             gcd_comm_set_context(what);
+            double t = now();
             gcd_run(comm, &ro, &res);
+            res.seconds = now() - t;
             if (root) {
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
                 gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
@@ -603,20 +635,14 @@ static int run_rank(const options *o, int argc, char **argv) {
     int code = all_met ? 0 : 1;
     if (root) {   // the report first, so that the text says the code the process returns
         gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
-        char err[512];
-        if (job.path[0] && gcd_report_write(job.doc, job.path, err, sizeof err)) {
-            fprintf(stderr, "gradcheck-dist: %s\n", err);
-            code = 3;
-            gcd_report_finish(job.doc, code, err, 0, now() - job.t0);
-            if (job.reserved) unlink(job.path);   // no empty report left behind
-            job.path[0] = 0;
-        }
+        code = write_reports(job.doc, job.path, job.reserved, job.junit, code, now() - job.t0);
         job.written = 1;
         char *text = gcd_render_text(job.doc);
-        FILE *out = o->json && !strcmp(o->json, "-") ? stderr : stdout;
+        FILE *out = (o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? stderr : stdout;
         fputs(text, out);
         free(text);
         if (job.path[0] && strcmp(job.path, "-")) fprintf(out, "report: %s\n", job.path);
+        if (job.junit[0] && strcmp(job.junit, "-")) fprintf(out, "junit: %s\n", job.junit);
         if (fflush(out) || ferror(out)) {
             fprintf(stderr, "gradcheck-dist: writing the table: %s\n", strerror(errno));
             code = 3;
@@ -641,14 +667,14 @@ static int run_rank(const options *o, int argc, char **argv) {
 static int check_main(int argc, char **argv) {
     const char **dumps = gcd_malloc((size_t)argc * sizeof *dumps), **ignore = gcd_malloc((size_t)argc * sizeof *ignore);
     gcd_check_opts o = { .dumps = dumps, .ignore = ignore };
-    const char *json = NULL;
+    const char *json = NULL, *junit = NULL;
     int no_json = 0, rc = 0;
     for (int i = 2; i < argc && !rc; i++) {
         char flag[64];
         const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
         if (a[0] != '-' || !a[1]) { dumps[o.ndumps++] = a; continue; }
         snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-        int takes = !strcmp(flag, "--ref") || !strcmp(flag, "--ignore") || !strcmp(flag, "--tol") || !strcmp(flag, "--json");
+        int takes = !strcmp(flag, "--ref") || !strcmp(flag, "--ignore") || !strcmp(flag, "--tol") || !strcmp(flag, "--json") || !strcmp(flag, "--junit");
         if (takes) {
             if (eq) v = eq + 1;
             else if (i + 1 < argc) v = argv[++i];
@@ -659,6 +685,7 @@ static int check_main(int argc, char **argv) {
         if (!strcmp(flag, "--ref")) o.ref = v;
         else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
         else if (!strcmp(flag, "--json")) json = v;
+        else if (!strcmp(flag, "--junit")) junit = v;
         else if (!strcmp(flag, "--no-json")) no_json = 1;
         else if (!strcmp(flag, "--snippet")) {
             int ok = fputs(gcd_check_snippet, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
@@ -674,7 +701,8 @@ static int check_main(int argc, char **argv) {
     }
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
-    if (!rc && !no_json) rc = report_path_ok(json);
+    if (!rc && !no_json) rc = report_path_ok("--json", json);
+    if (!rc && junit) rc = junit_path_ok(junit, json);
     o.no_hash = no_json;   // the sha256 of each dump goes into the report; without one, no hashing
     if (rc) { free(dumps), free(ignore); return rc; }
 
@@ -684,6 +712,7 @@ static int check_main(int argc, char **argv) {
     gcd_run_result res = { 0 };
     rc = gcd_check_load(&o, &set, err, sizeof err);
     if (!rc) rc = gcd_check_scan(&o, &set, &res, err, sizeof err);
+    res.seconds = now() - t0;
     if (rc) {
         fprintf(stderr, "gradcheck-dist: check: %s\n", err);
         gcd_run_result_free(&res);
@@ -705,22 +734,18 @@ static int check_main(int argc, char **argv) {
     gcd_report_add_expectation(doc, "check", set.stage, "test", !code, msg.s);
     gcd_sb_free(&msg);
 
-    char path[PATH_MAX] = "";
+    char path[PATH_MAX] = "", xml[PATH_MAX] = "";
     if (json) snprintf(path, sizeof path, "%s", json);
+    if (junit) snprintf(xml, sizeof xml, "%s", junit);
     int reserved = !json && !no_json && default_report_path(path, sizeof path);
     gcd_report_finish(doc, code, NULL, 0, now() - t0);
-    if (path[0] && gcd_report_write(doc, path, err, sizeof err)) {
-        fprintf(stderr, "gradcheck-dist: %s\n", err);
-        if (reserved) unlink(path);
-        code = 3;
-        gcd_report_finish(doc, code, err, 0, now() - t0);
-        path[0] = 0;
-    }
-    FILE *out = json && !strcmp(json, "-") ? stderr : stdout;
+    code = write_reports(doc, path, reserved, xml, code, now() - t0);
+    FILE *out = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) ? stderr : stdout;
     char *text = gcd_render_text(doc);
     fputs(text, out);
     free(text);
     if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
+    if (xml[0] && strcmp(xml, "-")) fprintf(out, "junit: %s\n", xml);
     if (fflush(out) || ferror(out)) code = 3;
     cJSON_Delete(doc);
     gcd_run_result_free(&res);

@@ -36,6 +36,8 @@ void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_r
 char *gcd_json_print(const cJSON *doc);
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
+// The same for any text (the JUnit file): what names it in the message ("--junit: cannot write ...").
+int gcd_text_write(const char *text, const char *what, const char *path, char *err, size_t len);
 #define GCD_REPORT_MAX_BYTES (1ull << 30)   // a report over 1 GiB is refused before it is read
 // Reads, parses and checks a report (a regular file, or "-" for stdin); NULL with a one-line reason,
 // naming the file and the JSON path of a bad key, in err.

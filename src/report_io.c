@@ -90,12 +90,12 @@ char *gcd_json_print(const cJSON *doc) {
 // writing: whole or not at all
 
 // Straight into what is at path: a device, a FIFO, stdout. ENOSPC and short writes are errors.
-static int write_direct(const char *text, const char *path, char *err, size_t len) {
+static int write_direct(const char *text, const char *what, const char *path, char *err, size_t len) {
     FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
+    int ok = f && fputs(text, f) >= 0 && fflush(f) == 0;
     int saved = errno;
     if (f && f != stdout) ok &= fclose(f) == 0;
-    if (!ok) snprintf(err, len, "report: cannot write %s: %s", strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
+    if (!ok) snprintf(err, len, "%s: cannot write %s: %s", what, strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
     return ok ? 0 : -1;
 }
 
@@ -121,7 +121,15 @@ static void remove_stale_temporaries(const char *path) {
 }
 
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
-    char *text = gcd_json_print(doc);
+    gcd_sb b = { 0 };
+    print_value(&b, doc, 0);
+    gcd_sb_append(&b, "\n", 1);
+    int rc = gcd_text_write(b.s, "report", path, err, len);
+    gcd_sb_free(&b);
+    return rc;
+}
+
+int gcd_text_write(const char *text, const char *what, const char *path, char *err, size_t len) {
     struct stat st;
     char *real = NULL;
     if (strcmp(path, "-") && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   // a link: its target is what is replaced
@@ -141,8 +149,8 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
         if (real) path = real;
     }
     if (!strcmp(path, "-") || (stat(path, &st) == 0 && !S_ISREG(st.st_mode))) {   // never renamed over, never removed
-        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "report: %s is a directory", path), -1) : write_direct(text, path, err, len);
-        free(text), free(real);
+        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "%s: %s is a directory", what, path), -1) : write_direct(text, what, path, err, len);
+        free(real);
         return rc;
     }
     remove_stale_temporaries(path);
@@ -151,7 +159,7 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
     sprintf(tmp, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int ok = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int saved = errno;
     if (f) ok &= fclose(f) == 0;
     else if (fd >= 0) close(fd);
@@ -160,10 +168,10 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
     if (ok) chmod(tmp, 0666 & ~mask);   // mkstemp makes 0600; a report is as any new file here
     if (ok && rename(tmp, path) != 0) ok = 0, saved = errno;
     if (!ok) {
-        snprintf(err, len, "report: cannot write %s: %s", path, strerror(saved ? saved : EIO));
+        snprintf(err, len, "%s: cannot write %s: %s", what, path, strerror(saved ? saved : EIO));
         if (fd >= 0) unlink(tmp);
     }
-    free(tmp), free(text), free(real);
+    free(tmp), free(real);
     return ok ? 0 : -1;
 }
 

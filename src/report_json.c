@@ -195,6 +195,7 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
     put(r, "steps", cJSON_CreateNumber(res->steps));
     put(r, "lr", num(res->lr));
     put(r, "seed", cJSON_CreateNumber((double)res->cfg.seed));
+    put(r, "seconds", num(res->seconds));
     cJSON *dims = put(r, "dims", cJSON_CreateObject());
     put(dims, "batch", cJSON_CreateNumber(res->cfg.batch));
     put(dims, "dim_img", cJSON_CreateNumber(res->cfg.dim_img));
@@ -278,6 +279,7 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "tolerance", num(set->tol));
     put(r, "tolerance_from_dtypes", num(set->tol_default));
     put(r, "bytes_scanned", cJSON_CreateNumber((double)set->bytes));
+    put(r, "seconds", num(res->seconds));
     cJSON *dumps = put(r, "dumps", cJSON_CreateArray());
     for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->sha256[k]));
     put(r, "reference", set->has_ref ? dump_entry(&set->ref, 0, set->sha256[set->world]) : cJSON_CreateNull());

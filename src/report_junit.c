@@ -1,9 +1,20 @@
+/*
+ * report_junit: a report as JUnit XML for CI dashboards. One <testcase> per run, a <testsuite> for each
+ * stretch of runs with the same title, and every <testsuite> (and the <testsuites> root) carrying tests,
+ * failures, errors, skipped and time, so that tests = failures + errors + skipped + passed everywhere.
+ *   under test, no finding                   -> passed
+ *   under test, findings                     -> <failure> (the findings in its text)
+ *   control that showed its signature        -> passed (what it showed in <system-out>): the tool caught it
+ *   control that did not                     -> <failure>
+ *   runtime failure ("result": "error")      -> one more testcase with an <error>
+ * Nothing is ever skipped: skipped="0" is written because consumers expect the attribute.
+ */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "report.h"
 #include "report_render.h"
-
 
 // XML text and attribute values: the five entities escaped, control characters dropped (XML 1.0 has no
 // way to say them), invalid UTF-8 replaced by U+FFFD
@@ -25,76 +36,104 @@ static void xml(gcd_sb *b, const char *str) {
     }
 }
 
-// One testcase per run, every run: a testsuite for each stretch of runs with the same title. A run under
-// test fails when it has findings; a control fails when it did not show its signature, and is reported
-// as skipped (with why) when it did.
+static double seconds_of(double s) { return isfinite(s) && s > 0 ? s : 0.0; }   // absent (older reports), odd: 0
+
+typedef struct {
+    int tests, failures, errors;
+    double time;
+} counts;
+
+// <testsuite ...> with its counts, then its testcases (body)
+static void suite(gcd_sb *b, const char *name, const counts *c, const char *stamp, const gcd_sb *body) {
+    gcd_sb_printf(b, "  <testsuite name=\"");
+    xml(b, name);
+    gcd_sb_printf(b, "\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"0\" time=\"%.6f\" timestamp=\"", c->tests, c->failures, c->errors, c->time);
+    xml(b, stamp);
+    gcd_sb_printf(b, "\">\n");
+    if (body->s) gcd_sb_append(b, body->s, body->len);
+    gcd_sb_printf(b, "  </testsuite>\n");
+}
+
+// one run's testcase; returns 1 when it failed
+static int testcase(gcd_sb *b, const cJSON *run, const cJSON *e) {
+    int met = gcd_jbool(e, "met");
+    gcd_sb found = { 0 };
+    const cJSON *f;
+    cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) {
+        if (gcd_jbool(f, "counts")) gcd_sb_printf(&found, "%s: %s\n", gcd_jstr(f, "kind"), gcd_jstr(f, "message"));
+    }
+    gcd_sb_printf(b, "    <testcase classname=\"gradcheck-dist.");
+    xml(b, gcd_jstr(run, "probe"));
+    gcd_sb_printf(b, "\" name=\"mode ");
+    xml(b, gcd_jstr(run, "mode"));
+    gcd_sb_printf(b, " (");
+    xml(b, gcd_jstr(run, "role"));
+    gcd_sb_printf(b, ")\" time=\"%.6f\">\n", seconds_of(gcd_jnum(run, "seconds")));
+    if (!met) {
+        gcd_sb_printf(b, "      <failure type=\"gradient\" message=\"");
+        xml(b, e ? gcd_jstr(e, "message") : "no expectation recorded for this run");
+        gcd_sb_printf(b, "\">");
+        xml(b, found.s ? found.s : "");
+        gcd_sb_printf(b, "</failure>\n");
+    }
+    gcd_sb_printf(b, "      <system-out>");   // what was expected and what was found, also when it passed
+    xml(b, gcd_jstr(e, "message"));
+    gcd_sb_printf(b, "\n");
+    xml(b, found.s ? found.s : "");
+    gcd_sb_printf(b, "</system-out>\n    </testcase>\n");
+    gcd_sb_free(&found);
+    return !met;
+}
+
 char *gcd_render_junit(const cJSON *doc) {
-    gcd_sb b = { 0 };
+    const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment");
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs"), *exps = cJSON_GetObjectItemCaseSensitive(doc, "expectations");
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    int n = 0, failures = 0, skipped = 0, errors = cJSON_IsObject(err);
+    char stamp[32];   // ISO 8601 without the zone, as JUnit's schema has it; the report's start_time, UTC
+    snprintf(stamp, sizeof stamp, "%.*s", (int)strcspn(gcd_jstr(env, "start_time"), "Z"), gcd_jstr(env, "start_time"));
+
+    gcd_sb suites = { 0 }, body = { 0 };
+    counts all = { 0 }, cur = { 0 };
+    char t[160], open_title[160] = "";
     const cJSON *run, *e = exps ? exps->child : NULL;
     cJSON_ArrayForEach(run, runs) {
-        n++;
-        failures += !gcd_jbool(e, "met");
-        skipped += gcd_jbool(e, "met") && !strcmp(gcd_jstr(e, "role"), "control");
-        e = e ? e->next : NULL;
-    }
-    double wall = gcd_jnum(cJSON_GetObjectItemCaseSensitive(doc, "environment"), "wall_seconds");
-    gcd_sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    gcd_sb_printf(&b, "<testsuites name=\"gradcheck-dist\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\">\n",
-                  n + errors, failures, errors, skipped, wall == wall ? wall : 0.0);
-    char t[160], open_title[160] = "";
-    int open = 0;
-    e = exps ? exps->child : NULL;
-    cJSON_ArrayForEach(run, runs) {
         gcd_run_title(run, t, sizeof t);
-        if (!open || strcmp(t, open_title)) {
-            if (open) gcd_sb_printf(&b, "  </testsuite>\n");
-            gcd_sb_printf(&b, "  <testsuite name=\"");
-            xml(&b, t);
-            gcd_sb_printf(&b, "\">\n");
-            snprintf(open_title, sizeof open_title, "%s", t);
-            open = 1;
+        if (cur.tests && strcmp(t, open_title)) {
+            suite(&suites, open_title, &cur, stamp, &body);
+            gcd_sb_free(&body);
+            cur = (counts){ 0 };
         }
-        gcd_sb_printf(&b, "    <testcase classname=\"gradcheck-dist.");
-        xml(&b, gcd_jstr(run, "probe"));
-        gcd_sb_printf(&b, "\" name=\"mode ");
-        xml(&b, gcd_jstr(run, "mode"));
-        gcd_sb_printf(&b, " (");
-        xml(&b, gcd_jstr(run, "role"));
-        gcd_sb_printf(&b, ")\">\n");
-        gcd_sb b2 = { 0 };
-        const cJSON *f;
-        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(run, "findings")) {
-            if (gcd_jbool(f, "counts")) gcd_sb_printf(&b2, "%s: %s\n", gcd_jstr(f, "kind"), gcd_jstr(f, "message"));
-        }
-        if (!gcd_jbool(e, "met")) {
-            gcd_sb_printf(&b, "      <failure type=\"gradient\" message=\"");
-            xml(&b, gcd_jstr(e, "message"));
-            gcd_sb_printf(&b, "\">");
-            xml(&b, b2.s ? b2.s : "");
-            gcd_sb_printf(&b, "</failure>\n");
-        } else if (!strcmp(gcd_jstr(e, "role"), "control")) {
-            gcd_sb_printf(&b, "      <skipped message=\"");
-            xml(&b, gcd_jstr(e, "message"));
-            gcd_sb_printf(&b, "\"/>\n");
-        }
-        if (b2.s) {
-            gcd_sb_printf(&b, "      <system-out>");
-            xml(&b, b2.s);
-            gcd_sb_printf(&b, "</system-out>\n");
-        }
-        gcd_sb_free(&b2);
-        gcd_sb_printf(&b, "    </testcase>\n");
+        snprintf(open_title, sizeof open_title, "%s", t);
+        cur.tests++, all.tests++;
+        int failed = testcase(&body, run, e);
+        cur.failures += failed, all.failures += failed;
+        cur.time += seconds_of(gcd_jnum(run, "seconds")), all.time += seconds_of(gcd_jnum(run, "seconds"));
         e = e ? e->next : NULL;
     }
-    if (open) gcd_sb_printf(&b, "  </testsuite>\n");
-    if (errors) {
-        gcd_sb_printf(&b, "  <testsuite name=\"run\">\n    <testcase classname=\"gradcheck-dist\" name=\"run\">\n      <error message=\"rank %d: ", gcd_jint(err, "rank"));
-        xml(&b, gcd_jstr(err, "message"));
-        gcd_sb_printf(&b, "\"/>\n    </testcase>\n  </testsuite>\n");
+    if (cur.tests) suite(&suites, open_title, &cur, stamp, &body);
+    gcd_sb_free(&body);
+    double wall = gcd_jnum(env, "wall_seconds"), ran = all.time;
+    all.time = isfinite(wall) && wall > ran ? wall : ran;
+    if (cJSON_IsObject(err) || !strcmp(gcd_jstr(doc, "result"), "error")) {   // the time no run accounts for went here
+        counts c = { 1, 0, 1, all.time - ran };
+        gcd_sb_printf(&body, "    <testcase classname=\"gradcheck-dist\" name=\"runtime\" time=\"%.6f\">\n      <error type=\"runtime\" message=\"", c.time);
+        gcd_sb msg = { 0 };
+        if (cJSON_IsObject(err)) gcd_sb_printf(&msg, "rank %d: %s", gcd_jint(err, "rank"), gcd_jstr(err, "message"));
+        else gcd_sb_printf(&msg, "result: error (exit %d)", gcd_jint(doc, "exit_code"));
+        xml(&body, msg.s);
+        gcd_sb_printf(&body, "\">");
+        xml(&body, msg.s);
+        gcd_sb_printf(&body, "</error>\n    </testcase>\n");
+        suite(&suites, "runtime", &c, stamp, &body);
+        gcd_sb_free(&msg), gcd_sb_free(&body);
+        all.tests++, all.errors++;
     }
+    gcd_sb b = { 0 };
+    gcd_sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    gcd_sb_printf(&b, "<testsuites name=\"gradcheck-dist\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"0\" time=\"%.6f\">\n", all.tests,
+                  all.failures, all.errors, all.time);
+    if (suites.s) gcd_sb_append(&b, suites.s, suites.len);
     gcd_sb_printf(&b, "</testsuites>\n");
+    gcd_sb_free(&suites);
     return b.s;
 }

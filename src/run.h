@@ -100,6 +100,7 @@ typedef struct {
     gcd_feat_grads feat[GCD_MAX_FEATS];
     int nfinding, cap_finding;
     gcd_finding *finding;             // (nfinding)
+    double seconds;                   // wall time of the run (or check's load and scan) on rank 0; set by the caller
 } gcd_run_result;
 
 // The single-process reference does not depend on the gather mode: the first run of a probe and

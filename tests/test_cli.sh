@@ -80,7 +80,7 @@ assert root.tag == "testsuites", root.tag
 cases = root.findall(".//testcase")
 assert len(cases) == 8, len(cases)
 assert not root.findall(".//failure"), "a passing run has no failure"
-assert len(root.findall(".//skipped")) == 6, "the six controls that behaved are skipped"
+assert not root.findall(".//skipped"), "the six controls that behaved pass (test_junit.sh checks the rest)"
 PY
 "$G" report run.json --format md >run.md || fail "report --format md failed"
 for want in '^# gradcheck-dist: ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
