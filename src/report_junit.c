@@ -64,7 +64,7 @@ static int testcase(gcd_sb *b, const cJSON *run, const cJSON *e) {
     }
     gcd_sb_printf(b, "    <testcase classname=\"gradcheck-dist.");
     xml(b, gcd_jstr(run, "probe"));
-    gcd_sb_printf(b, "\" name=\"mode ");
+    gcd_sb_printf(b, "\" name=\"%s ", strcmp(gcd_jstr(run, "probe"), "check") ? "mode" : "stage");
     xml(b, gcd_jstr(run, "mode"));
     gcd_sb_printf(b, " (");
     xml(b, gcd_jstr(run, "role"));

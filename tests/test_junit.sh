@@ -138,7 +138,7 @@ PY
 rc=$?
 [ $rc = 0 ] || fail "check clean --junit exited $rc: $(cat clean.txt)"
 "$PY" "$CJ" clean.xml tests=1 failures=0 errors=0 passed=1 || fail "clean.xml: a clean check must be one passing testcase"
-grep -q '<testcase classname="gradcheck-dist.check" name="mode reduced (test)" time="' clean.xml || fail "clean.xml: $(grep '<testcase' clean.xml)"
+grep -q '<testcase classname="gradcheck-dist.check" name="stage reduced (test)" time="' clean.xml || fail "clean.xml: $(grep '<testcase' clean.xml)"
 "$G" report clean.json --format junit | cmp -s - clean.xml || fail "check --junit differs from report --format junit of its JSON"
 "$G" check none --no-json --junit none.xml >none.txt 2>&1
 rc=$?
