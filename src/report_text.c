@@ -178,9 +178,10 @@ static void wrap(gcd_sb *b, int width, const char *lead, const char *text) {
 
 // How a table fits the width: every mode side by side with its norms; else side by side without the
 // norms; else the modes stacked in blocks of `per` (at least 2) with norms; else blocks without norms;
-// else, one mode a block, without the shapes.
+// else, one mode a block, without the shapes; else a name too long for its column gets a line of its own.
 typedef struct {
     int nw, sw, dw;   // the name, shape (0: dropped) and dtype (0: none) columns
+    int own;          // a name longer than nw goes on a line of its own, its cells under it
     int norms, cw;    // cells show |g|; a cell's width
     int per;          // modes a block
     int need;         // the width every mode side by side with its norms takes
@@ -227,11 +228,17 @@ static layout fit(int width, const cJSON *const *cols, int ncol, int nw, int sw,
     L.per = (width - lead_width(&L)) / (3 + L.cw);
     if (L.per >= 1) return L;
     L.per = 1;
-    if (lead_width(&L) + 3 + brief > width) L.sw = 0;   // then a name longer than the line runs over
+    if (lead_width(&L) + 3 + brief <= width) return L;
+    L.sw = 0;
+    if (lead_width(&L) + 3 + brief <= width) return L;
+    L.own = 1;   // then only a name longer than the whole line runs over
+    L.nw = width - (3 + brief) - (lead_width(&L) - L.nw);
+    L.nw = L.nw < 9 ? 9 : L.nw;
     return L;
 }
 
 static void row_lead(gcd_sb *b, const layout *L, const char *name, const char *shape, const char *dtype) {
+    if (L->own && (int)strlen(name) > L->nw) gcd_sb_printf(b, "  %s\n", name), name = "";
     gcd_sb_printf(b, "  %-*s", L->nw, name);
     if (L->sw) gcd_sb_printf(b, " %-*s", L->sw, shape);
     if (L->dw) gcd_sb_printf(b, " %-*s", L->dw, dtype);
@@ -338,11 +345,14 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, i
             gcd_sb_printf(b, "\n");
         }
     }
-    const char *norm = !check ? "|g|: L2 norm of the DDP-mean gradient;"
-                       : !strcmp(gcd_jstr(cols[0], "stage"), "local") ? "|g|: L2 norm of the DDP mean of the ranks' local gradients (None as zeros);"
-                       : "|g|: L2 norm of the gradient every rank holds after DDP; ranks R: the ranks' largest relative difference;";
-    if (!L.norms) snprintf(line, sizeof line, "|g| left out at this width (COLUMNS=%d shows it); xC: g = C * reference; cos: cosine to the reference", L.need);
-    else snprintf(line, sizeof line, "%s xC: g = C * reference; cos: cosine to the reference", norm);
+    int reduced = check && strcmp(gcd_jstr(cols[0], "stage"), "local");
+    char norm[128];
+    if (!L.norms) snprintf(norm, sizeof norm, "|g| left out at this width (COLUMNS=%d shows it);", L.need);
+    else snprintf(norm, sizeof norm, "|g|: L2 norm of %s;", !check     ? "the DDP-mean gradient"
+                                                           : !reduced ? "the DDP mean of the ranks' local gradients (None as zeros)"
+                                                                      : "the gradient every rank holds after DDP");
+    snprintf(line, sizeof line, "%s%s xC: g = C * reference; cos: cosine to the reference", norm,
+             reduced ? " ranks R: the ranks' largest relative difference;" : "");
     wrap(b, width, "  ", line);
     for (int c = 0; c < ncol; c++) {
         const cJSON *f;

@@ -150,6 +150,19 @@ for w in 60 80; do
     w2=$(widest s$w.txt)
     [ "$w2" -le $w ] || fail "--steps: a line of $w2 characters at width $w: $(awk -v w=$w 'length > w' s$w.txt | head -2)"
 done
+# check's table: a dtype column, and a name too long for the line gets a line of its own
+mkdir -p dumps
+PYTHONPATH=$SRC/tests "$PY" - <<'PY' || fail "could not write the dumps"
+import numpy as np, st_writer as w
+r = np.random.default_rng(0)
+g = {"model.encoder.layers.11.attention.self.query.weight": r.standard_normal((64, 64)), "head.bias": r.standard_normal(3)}
+w.write_world("dumps", [g, dict(g, **{"head.bias": 2 * g["head.bias"]})])
+PY
+for w in 60 80; do
+    COLUMNS=$w "$G" check dumps --no-json >c$w.txt
+    [ $? = 1 ] && [ "$(widest c$w.txt)" -le $w ] || fail "check at width $w: a line of $(widest c$w.txt) characters: $(awk -v w=$w 'length > w' c$w.txt | head -2)"
+done
+grep -qx "  model.encoder.layers.11.attention.self.query.weight" c60.txt || fail "check at 60: the long name must have a line of its own"
 # the launcher hands its width to rank 0 (whose stdout is mpirun's pipe)
 COLUMNS=80 "$G" run --world 2 --probe simplenet --no-json >launch80.txt 2>/dev/null
 [ "$(widest launch80.txt)" -le 80 ] && grep -q "^  parameter " launch80.txt || fail "run at COLUMNS=80: a line of $(widest launch80.txt) characters"
