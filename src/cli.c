@@ -94,7 +94,8 @@ static int help(FILE *f, const char *cmd) {
     if (!cmd) fprintf(f, "%s\n%s\n%s\n%s\n%s", usage_top, usage_run, usage_check, usage_report, usage_tail);
     else if (!strcmp(cmd, "run")) fprintf(f, "usage: gradcheck-dist run [options]\n\n%s\n%s", usage_run, usage_tail);
     else if (!strcmp(cmd, "check")) fprintf(f, "usage: gradcheck-dist check DUMP...|DIR [options]\n\n%s\n%s", usage_check, usage_tail);
-    else fprintf(f, "usage: gradcheck-dist report FILE|- [--format text|md|junit]\n\n%s", usage_report);
+    else if (!strcmp(cmd, "report")) fprintf(f, "usage: gradcheck-dist report FILE|- [--format text|md|junit]\n\n%s", usage_report);
+    else return help(f, NULL);
     return fflush(f) || ferror(f) ? 3 : 0;
 }
 
@@ -549,7 +550,7 @@ static int launch(const options *o, int argc, char **argv) {
     static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
     pid_t parent = getpid(), pid = fork();
-    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), rmdir(dir), 3;
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
     if (pid == 0) {
         for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -618,10 +619,7 @@ static struct {
     volatile sig_atomic_t reserved, written;   // the default path was created empty for us; the report is in it
 } job;
 
-// rank 0, ended by a signal (mpirun forwards the launcher's): no half report, no empty reserved name
-// Under the launcher, unless the launcher itself was interrupted, the signal is mpirun ending the job
-// because another rank died: the collective in progress stops and the fatal hook writes the error report.
-static char interrupted_file[PATH_MAX + 32], launcher_stat[64];
+static char interrupted_file[PATH_MAX + 32], launcher_stat[64];   // under the launcher; "" otherwise
 
 static int launcher_alive(void) {   // async-signal-safe: /proc/PID/stat exists and its state is not Z (zombie)
     char buf[512];
@@ -634,6 +632,10 @@ static int launcher_alive(void) {   // async-signal-safe: /proc/PID/stat exists 
     return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
 }
 
+// rank 0, ended by a signal. Under the launcher, unless the launcher itself was interrupted or is gone,
+// it is mpirun ending the job because another rank died: the collective in progress stops and the fatal
+// hook writes the error report. Otherwise (the launcher's signal, forwarded): no half report, no empty
+// reserved name.
 static void rank0_signal(int sig) {
     if (interrupted_file[0] && access(interrupted_file, F_OK) && launcher_alive() && job.path[0] && !job.written) {
         gcd_mpi_stop(sig);
