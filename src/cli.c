@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <limits.h>
 #include <math.h>
@@ -31,15 +32,16 @@ extern char **environ;
 #define GCD_VERSION "0.0.0"
 #endif
 
-static const char usage[] =
+static const char usage_top[] =
     "gradcheck-dist " GCD_VERSION ": finds gradients that distributed training silently drops\n"
     "\n"
     "usage:\n"
     "  gradcheck-dist run [options]        run the probes across ranks and compare every gradient\n"
     "  gradcheck-dist check DUMP...|DIR [options]   diagnose your own training's gradients (safetensors dumps)\n"
-    "  gradcheck-dist report FILE [--format text|md|junit]   render a saved JSON report\n"
-    "  gradcheck-dist --help | --version\n"
-    "\n"
+    "  gradcheck-dist report FILE|- [--format text|md|junit]   render a saved JSON report\n"
+    "  gradcheck-dist --help | -V | --version | version\n"
+    "  gradcheck-dist COMMAND --help       that command's usage alone\n";
+static const char usage_run[] =
     "run options:\n"
     "  --world N            ranks to launch (default 2); inside mpirun it must equal the job's size\n"
     "  --probe NAME|all     simplenet, contrastive or all (default all)\n"
@@ -59,22 +61,27 @@ static const char usage[] =
     "  --no-json            write no report\n"
     "  --junit PATH|-       also write the result as JUnit XML for CI (also with --no-json)\n"
     "  --summary-only       leave tensor values out of the report, keep the statuses\n"
+    "progress goes to stderr: a live line on a terminal, else one line per probe and mode\n"
     "\n"
+    "gather modes:\n"
+    "  off    Lightning all_gather(sync_grads=False): gathered under no_grad\n"
+    "  on     Lightning sync_grads=True / torch.distributed.nn.functional.all_gather\n"
+    "  local  open_clip gather_with_grad=False / torchmetrics: own slot put back\n"
+    "  avg    Horovod allgather: backward averages over ranks\n";
+static const char usage_check[] =
     "check options:\n"
     "  DUMP...|DIR          one safetensors dump per rank (gradcheck_dist.dump_grads), or a directory of them\n"
     "  --ref FILE           the single-process reference: same starting weights, the whole batch, world 1\n"
     "  --ignore GLOB        leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')\n"
     "  --tol X              relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)\n"
     "  --json PATH|- --no-json --junit PATH|-   as for run\n"
-
-    "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n"
-    "\n"
-    "gather modes:\n"
-    "  off    Lightning all_gather(sync_grads=False): gathered under no_grad\n"
-    "  on     Lightning sync_grads=True / torch.distributed.nn.functional.all_gather\n"
-    "  local  open_clip gather_with_grad=False / torchmetrics: own slot put back\n"
-    "  avg    Horovod allgather: backward averages over ranks\n"
-    "\n"
+    "  --snippet            print the recipe that writes the dumps (PyTorch, Lightning) and exit\n";
+static const char usage_report[] =
+    "report options:\n"
+    "  FILE|-               a JSON report gradcheck-dist wrote (-: read it from stdin)\n"
+    "  --format text|md|junit   the table (as wide as COLUMNS, else the terminal, else 100 columns),\n"
+    "                       a Markdown ticket, or JUnit XML (default text)\n";
+static const char usage_tail[] =
     "statuses: none (no rank got a gradient), partial (some ranks did not), zero, nonfinite, ok,\n"
     "scaled (a multiple of the reference), mismatch (wrong direction), disagree (ranks differ after\n"
     "DDP's all-reduce; check), present (check without --ref: finite, non-zero, the same on every rank)\n"
@@ -82,6 +89,16 @@ static const char usage[] =
     "exit status:\n"
     "  0  no unexpected finding     1  gradient findings (or a control that showed none)\n"
     "  2  bad input (flag, dump, report file)   3  runtime failure (MPI, NCCL, I/O)\n";
+
+// NULL: every command's; "run", "check", "report": that command's alone
+static int help(FILE *f, const char *cmd) {
+    if (!cmd) fprintf(f, "%s\n%s\n%s\n%s\n%s", usage_top, usage_run, usage_check, usage_report, usage_tail);
+    else if (!strcmp(cmd, "run")) fprintf(f, "usage: gradcheck-dist run [options]\n\n%s\n%s", usage_run, usage_tail);
+    else if (!strcmp(cmd, "check")) fprintf(f, "usage: gradcheck-dist check DUMP...|DIR [options]\n\n%s\n%s", usage_check, usage_tail);
+    else if (!strcmp(cmd, "report")) fprintf(f, "usage: gradcheck-dist report FILE|- [--format text|md|junit]\n\n%s", usage_report);
+    else return help(f, NULL);
+    return fflush(f) || ferror(f) ? 3 : 0;
+}
 
 // ----------------------------------------------------------------------------
 // options
@@ -98,11 +115,44 @@ typedef struct {
     double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
 
+static const char *command = "";   // "run ", "check ", "report ": where the usage is
+
 static int bad(const char *flag, const char *fmt, const char *value) {
     fprintf(stderr, "gradcheck-dist: %s: ", flag);
     fprintf(stderr, fmt, value);
-    fprintf(stderr, " (see gradcheck-dist --help)\n");
+    fprintf(stderr, " (see gradcheck-dist %s--help)\n", command);
     return 2;
+}
+
+// edit distance (insertions, deletions, substitutions; a swap of neighbours counts one)
+static int distance(const char *a, const char *b) {
+    int n = (int)strlen(b), d[3][64];
+    if (strlen(a) >= 63 || n >= 63) return 99;
+    for (int j = 0; j <= n; j++) d[0][j] = j;
+    for (int i = 1; a[i - 1]; i++) {
+        int *cur = d[i % 3], *prev = d[(i + 2) % 3], *prev2 = d[(i + 1) % 3];
+        cur[0] = i;
+        for (int j = 1; j <= n; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]), del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && prev2[j - 2] + 1 < cur[j]) cur[j] = prev2[j - 2] + 1;
+        }
+    }
+    return d[strlen(a) % 3][n];
+}
+
+// "unknown option", with the nearest known word when it is a near miss (at most 2 edits, under half the word)
+static int unknown(const char *what, const char *word, const char *const *known) {
+    const char *best = NULL;
+    int bd = 3;
+    for (int k = 0; known[k]; k++) {
+        int d = distance(word, known[k]);
+        if (d < bd && 2 * d < (int)strlen(known[k])) bd = d, best = known[k];
+    }
+    char msg[128];
+    if (best) snprintf(msg, sizeof msg, "%s; did you mean %s?", what, best);
+    else snprintf(msg, sizeof msg, "%s", what);
+    return bad(word, "%s", msg);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
@@ -187,7 +237,10 @@ static int parse_run(int argc, char **argv, options *o) {
         snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
         static const char *const valued[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
                                               "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", "--junit", NULL };
+                                              "--json", "--timeout", "--junit", NULL },
+                                 *const known[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
+                                              "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
+                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--local-loss", "--help", NULL };
         int takes = 0;
         for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
         if (takes) {
@@ -197,7 +250,9 @@ static int parse_run(int argc, char **argv, options *o) {
             if (!*v) return bad(flag, "%s", "empty value");
             if (!eq && !strncmp(v, "--", 2)) return bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v);
         } else if (eq) {
-            return bad(flag, "%s", "takes no value");
+            int known_flag = 0;
+            for (int k = 0; known[k]; k++) known_flag |= !strcmp(flag, known[k]);
+            return known_flag ? bad(flag, "%s", "takes no value") : unknown("unknown option", flag, known);
         }
         long x;
         int rc = 0;
@@ -234,10 +289,11 @@ static int parse_run(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--no-json")) o->no_json = 1;
         else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
         else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
-        else return bad(flag, "%s", "unknown option");
+        else return unknown("unknown option", flag, known);
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
+    if (o->no_json && o->summary_only) return bad("--summary-only", "%s", "conflicts with --no-json: there is no report to leave values out of");
     if (!o->no_json && report_path_ok("--json", o->json)) return 2;
     if (o->junit && junit_path_ok(o->junit, o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
@@ -252,7 +308,7 @@ static int parse_run(int argc, char **argv, options *o) {
 static int nccl_precheck(const options *o, int world) {
     char why[256];
     if (!gcd_nccl_built())
-        return bad("--backend", "%s", "this build has no NCCL backend (configure found no CUDA Toolkit with NCCL); use --backend mpi");
+        return bad("--backend", "%s", "nccl: not built: configure found no CUDA Toolkit with NCCL; use --backend mpi");
     int n = gcd_cuda_device_count(why, sizeof why);
     if (n < 0) return bad("--backend", "nccl: %s; use --backend mpi", why);
     if (!o->hostfile && world > n) {
@@ -326,11 +382,115 @@ static int feasible(const options *o, int world) {
 }
 
 // The launcher passes SIGINT, SIGTERM and SIGHUP on to mpirun (which ends the ranks) and waits for it;
-// mpirun gets SIGTERM too when the launcher dies by SIGKILL (PR_SET_PDEATHSIG).
+// mpirun gets SIGTERM too when the launcher dies by SIGKILL (PR_SET_PDEATHSIG). It first leaves a file
+// "interrupted" in its private directory: rank 0, ended by mpirun, then leaves no report; without it
+// (another rank died) rank 0 writes its error report.
 static volatile sig_atomic_t mpirun_pid, caught;
+static char interrupted[PATH_MAX + 32];
 static void forward_signal(int sig) {
     caught = sig;
+    int fd = open(interrupted, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
     if (mpirun_pid > 0) kill((pid_t)mpirun_pid, sig);
+}
+
+// a file of the private directory rank 0 shares with the launcher ("" when not under the launcher)
+static void shared_file(char *buf, size_t len, const char *name) {
+    const char *result = getenv("GCD_RESULT_FILE"), *slash = result ? strrchr(result, '/') : NULL;
+    if (slash) snprintf(buf, len, "%.*s/%s", (int)(slash - result), result, name);
+    else if (len) buf[0] = 0;
+}
+
+static char *read_small(const char *path, char *buf, size_t len) {   // NULL when absent or empty
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    return n ? buf : NULL;
+}
+
+// mpirun's stderr passes through the launcher, byte for byte, so that a rank's death can be named:
+// "mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed)." (Open MPI
+// 4.1 says PID 0: the pid comes from the list rank 0 left, "rank pid host" a line)
+typedef struct {
+    char line[1024];
+    size_t n;
+    int rank, sig;
+    char host[256];
+} mpirun_log;
+
+static void scan_line(mpirun_log *m) {
+    int rank, pid, sig;
+    char host[256];
+    const char *at = strstr(m->line, "mpirun noticed that process rank ");
+    if (m->sig || !at) return;
+    if (sscanf(at, "mpirun noticed that process rank %d with PID %d on node %255s exited on signal %d", &rank, &pid, host, &sig) == 4)
+        m->rank = rank, m->sig = sig, snprintf(m->host, sizeof m->host, "%s", host);
+}
+
+// Until EOF, or mpirun reaped and the pipe quiet for 0.2 s (a stray holder of the pipe must not hang
+// the launcher). Sets *status and returns 1 when it reaped mpirun.
+static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
+    char buf[4096];
+    int reaped = 0;
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int r = poll(&p, 1, 200);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) {
+            if (reaped) return 1;
+            reaped = waitpid(pid, status, WNOHANG) == pid;
+            continue;
+        }
+        ssize_t k = read(fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return reaped;
+        for (ssize_t off = 0; off < k;) {
+            ssize_t w = write(2, buf + off, (size_t)(k - off));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;   // our stderr is gone: keep reading, so that mpirun never blocks on the pipe
+            off += w;
+        }
+        for (ssize_t i = 0; i < k; i++) {
+            if (buf[i] == '\n' || m->n + 1 >= sizeof m->line) {
+                m->line[m->n] = 0;
+                scan_line(m);
+                m->n = 0;
+            } else m->line[m->n++] = buf[i];
+        }
+    }
+}
+
+// After a rank's death: name it, and put its name into the error report rank 0 left ("ended by signal")
+static void name_the_dead(const mpirun_log *m, const char *dir) {
+    char path[PATH_MAX + 32], list[65536], report[PATH_MAX], msg[1024];
+    long pid = 0;
+    snprintf(path, sizeof path, "%s/ranks", dir);
+    if (read_small(path, list, sizeof list))
+        for (char *save = NULL, *l = strtok_r(list, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+            int r;
+            long p;
+            char host[256];
+            if (sscanf(l, "%d %ld %255s", &r, &p, host) == 3 && r == m->rank) pid = p;
+        }
+    char who[64] = "pid unknown";
+    if (pid > 0) snprintf(who, sizeof who, "pid %ld", pid);
+    snprintf(msg, sizeof msg, "rank %d (%s on %s) was killed by signal %d (%s)", m->rank, who, m->host, m->sig, strsignal(m->sig));
+    fprintf(stderr, "gradcheck-dist: %s\n", msg);
+    snprintf(path, sizeof path, "%s/report", dir);
+    if (!read_small(path, report, sizeof report)) return;
+    char err[512];
+    cJSON *doc = gcd_report_load(report, err, sizeof err);
+    const cJSON *e = doc ? cJSON_GetObjectItem(doc, "error") : NULL, *em = cJSON_GetObjectItem(e, "message");
+    if (cJSON_IsString(em) && strstr(em->valuestring, "ended by signal")) {
+        char full[2048];
+        snprintf(full, sizeof full, "%s; rank 0 then: %s", msg, em->valuestring);
+        const cJSON *env = cJSON_GetObjectItem(doc, "environment");
+        gcd_report_finish(doc, 3, full, m->rank, gcd_json_num(cJSON_GetObjectItem(env, "wall_seconds")));
+        if (gcd_report_write(doc, report, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        else fprintf(stderr, "gradcheck-dist: the error report, %s, names rank %d\n", report, m->rank);
+    }
+    cJSON_Delete(doc);
 }
 
 // The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
@@ -349,7 +509,18 @@ static int launch(const options *o, int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/gradcheck-dist.XXXXXX", tmpdir);
     if (!mkdtemp(dir)) return fprintf(stderr, "gradcheck-dist: mkdtemp %s: %s\n", dir, strerror(errno)), 3;
     snprintf(result, sizeof result, "%s/result", dir);
+    snprintf(interrupted, sizeof interrupted, "%s/interrupted", dir);
     setenv("GCD_RESULT_FILE", result, 1);
+    char me[24];
+    snprintf(me, sizeof me, "%ld", (long)getpid());
+    setenv("GCD_LAUNCHER_PID", me, 1);
+    // the ranks' stdout and stderr are pipes: rank 0 learns the table's width and whether stderr is a terminal here
+    char columns[16];
+    snprintf(columns, sizeof columns, "%d", gcd_text_width(o->json && !strcmp(o->json, "-") ? 2 : 1));
+    setenv("GCD_COLUMNS", columns, 1);
+    setenv("GCD_PROGRESS", isatty(2) ? "tty" : "lines", 0);
+    int err_pipe[2];
+    if (pipe(err_pipe) || fcntl(err_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(err_pipe[1], F_SETFD, FD_CLOEXEC)) return fprintf(stderr, "gradcheck-dist: pipe: %s\n", strerror(errno)), rmdir(dir), 3;
     char np[16];
     snprintf(np, sizeof np, "%d", world);
     int nenv = 0;
@@ -362,6 +533,9 @@ static int launch(const options *o, int argc, char **argv) {
     av[n++] = np;
     if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
+    // when a rank dies, mpirun ends the others with SIGTERM, then SIGKILL after this many seconds (1 by
+    // default; mpirun waits it out whole, twice): time for rank 0 to write its error report (an fsync)
+    av[n++] = "--mca", av[n++] = "odls_base_sigkill_timeout", av[n++] = "3";
     if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
     // one node: the ob1 PML straight away. The default (cm) loads the psm/psm2 libraries first, whose
     // constructors sleep ~0.2 s, then settles on ob1 anyway. A PML the user chose, or several hosts
@@ -385,13 +559,14 @@ static int launch(const options *o, int argc, char **argv) {
     static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
     pid_t parent = getpid(), pid = fork();
-    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), rmdir(dir), 3;
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
     if (pid == 0) {
         for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(3);   // the launcher died before the line above
         int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
         if (null >= 0) dup2(null, 0), close(null);
+        dup2(err_pipe[1], 2);
         execvp(av[0], av);
         fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
         _exit(127);
@@ -400,16 +575,28 @@ static int launch(const options *o, int argc, char **argv) {
     free(av);
     mpirun_pid = pid;
     if (caught) kill(pid, caught);   // a signal between fork and here
+    close(err_pipe[1]);
     int status;
-    while (waitpid(pid, &status, 0) < 0)
+    mpirun_log log = { .n = 0 };
+    int reaped = forward_stderr(err_pipe[0], &log, pid, &status);
+    close(err_pipe[0]);
+    while (!reaped && waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
     mpirun_pid = 0;
+    if (log.n) log.line[log.n] = 0, scan_line(&log);   // a last line without its newline
     int code = -1;
     FILE *f = fopen(result, "r");
     if (f) {
         if (fscanf(f, "%d", &code) != 1 || code < 0 || code > 3) code = -1;
         fclose(f);
         unlink(result);
+    }
+    if (!caught && code < 0 && log.sig) name_the_dead(&log, dir);
+    static const char *const left[] = { "ranks", "report", "interrupted" };
+    for (int i = 0; i < 3; i++) {
+        char f[PATH_MAX + 32];
+        snprintf(f, sizeof f, "%s/%s", dir, left[i]);
+        unlink(f);
     }
     rmdir(dir);
     if (caught) {
@@ -442,8 +629,28 @@ static struct {
     volatile sig_atomic_t reserved, written;   // the default path was created empty for us; the report is in it
 } job;
 
-// rank 0, ended by a signal (mpirun forwards the launcher's): no half report, no empty reserved name
+static char interrupted_file[PATH_MAX + 32], launcher_stat[64];   // under the launcher; "" otherwise
+
+static int launcher_alive(void) {   // async-signal-safe: /proc/PID/stat exists and its state is not Z (zombie)
+    char buf[512];
+    int fd = open(launcher_stat, O_RDONLY);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
+}
+
+// rank 0, ended by a signal. Under the launcher, unless the launcher itself was interrupted or is gone,
+// it is mpirun ending the job because another rank died: the collective in progress stops and the fatal
+// hook writes the error report. Otherwise (the launcher's signal, forwarded): no half report, no empty
+// reserved name.
 static void rank0_signal(int sig) {
+    if (interrupted_file[0] && access(interrupted_file, F_OK) && launcher_alive() && (job.path[0] || job.junit[0]) && !job.written) {
+        gcd_mpi_stop(sig);
+        return;
+    }
     if (job.reserved && !job.written) unlink(job.path);
     _exit(128 + sig);
 }
@@ -452,6 +659,34 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ----------------------------------------------------------------------------
+// progress on stderr, rank 0 only: on a terminal one line rewritten in place (probe, mode, step k/N,
+// elapsed); otherwise one line as each probe and mode ends
+
+static struct {
+    int tty, run, nrun;
+    const char *probe, *mode;
+    double t0, t_run, shown;
+} progress;
+
+static void progress_step(int k, int n) {
+    double t = now();
+    if (!progress.tty || (k < n && t - progress.shown < 0.1)) return;   // ten updates a second at most
+    progress.shown = t;
+    fprintf(stderr, "\r\033[K%d/%d %s, mode %s: step %d/%d, %.1f s", progress.run, progress.nrun, progress.probe, progress.mode, k, n,
+            t - progress.t0);
+    fflush(stderr);
+}
+
+static void progress_done(int steps) {
+    if (progress.tty) return;
+    double t = now();
+    char what[48] = "gradients";
+    if (steps) snprintf(what, sizeof what, "%d SGD step%s", steps, steps == 1 ? "" : "s");
+    fprintf(stderr, "gradcheck-dist: %d/%d %s, mode %s: %s in %.2f s, %.2f s elapsed\n", progress.run, progress.nrun, progress.probe,
+            progress.mode, what, t - progress.t_run, t - progress.t0);
 }
 
 // The files a run or check leaves, each whole or absent: the JSON report at json, then the JUnit XML
@@ -596,11 +831,34 @@ static int run_rank(const options *o, int argc, char **argv) {
     job.t0 = now();
     gcd_env env;
     environment(comm, &env, root);
+    shared_file(interrupted_file, sizeof interrupted_file, "interrupted");
+    const char *launcher = getenv("GCD_LAUNCHER_PID");   // a launcher killed by SIGKILL leaves no file: it is gone
+    snprintf(launcher_stat, sizeof launcher_stat, "/proc/%ld/stat", launcher ? atol(launcher) : 0L);
+    if (interrupted_file[0]) {   // under the launcher: every rank's pid and host, to name a rank that dies
+        char mine[300], host[256] = "", path[PATH_MAX + 32], *all = root ? gcd_malloc((size_t)comm->world * 300) : NULL;
+        gethostname(host, sizeof host - 1);
+        snprintf(mine, sizeof mine, "%d %ld %s", comm->rank, (long)getpid(), host);
+        gcd_mpi_gather_str(mine, all, 300);
+        shared_file(path, sizeof path, "ranks");
+        FILE *f = root ? fopen(path, "w") : NULL;
+        for (int k = 0; f && k < comm->world; k++) fprintf(f, "%s\n", all + 300 * k);
+        if (f) fclose(f);
+        free(all);
+    }
     if (root) {
         job.doc = gcd_report_new(argc, args, &env);
         if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
         else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
         if (o->junit) snprintf(job.junit, sizeof job.junit, "%s", o->junit);
+        char path[PATH_MAX + 32];
+        shared_file(path, sizeof path, "report");   // the launcher names a dead rank in it
+        FILE *f = path[0] && job.path[0] && strcmp(job.path, "-") ? fopen(path, "w") : NULL;
+        if (f) fputs(job.path, f), fclose(f);
+        const char *pr = getenv("GCD_PROGRESS");
+        progress.tty = pr ? !strcmp(pr, "tty") : isatty(2);
+        progress.t0 = job.t0;
+        for (int pi = 0; gcd_probes[pi]; pi++) progress.nrun += !strcmp(o->probe, "all") || !strcmp(o->probe, gcd_probes[pi]->name);
+        progress.nrun *= o->nmode;
         gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
         struct sigaction sa = { .sa_handler = rank0_signal };
         sigemptyset(&sa.sa_mask);
@@ -620,9 +878,12 @@ static int run_rank(const options *o, int argc, char **argv) {
             snprintf(what, sizeof what, "probe %s, mode %s", pr->name, gcd_gather_mode_name(ro.mode));
             gcd_comm_set_context(what);
             double t = now();
+            progress.run++, progress.probe = pr->name, progress.mode = gcd_gather_mode_name(ro.mode), progress.t_run = now();
+            if (root) ro.progress = progress_step;
             gcd_run(comm, &ro, &res);
             res.seconds = now() - t;
             if (root) {
+                progress_done(ro.steps);
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
                 gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
                 all_met &= expect(job.doc, &res, pr, test);
@@ -637,8 +898,10 @@ static int run_rank(const options *o, int argc, char **argv) {
         gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
         code = write_reports(job.doc, job.path, job.reserved, job.junit, code, now() - job.t0);
         job.written = 1;
-        char *text = gcd_render_text(job.doc);
+        if (progress.tty) fprintf(stderr, "\r\033[K"), fflush(stderr);   // the live line gives way to the table
         FILE *out = (o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? stderr : stdout;
+        const char *columns = getenv("GCD_COLUMNS");   // the launcher's terminal (our stdout is mpirun's pipe)
+        char *text = gcd_render_text_width(job.doc, columns ? atoi(columns) : gcd_text_width(fileno(out)));
         fputs(text, out);
         free(text);
         if (job.path[0] && strcmp(job.path, "-")) fprintf(out, "report: %s\n", job.path);
@@ -697,7 +960,10 @@ static int check_main(int argc, char **argv) {
             char *end;
             o.tol = strtod(v, &end);
             if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(flag, "expected a number between 0 and 1, got '%s'", v);
-        } else rc = bad(flag, "%s", "unknown option");
+        } else {
+            static const char *const known[] = { "--ref", "--ignore", "--tol", "--json", "--no-json", "--snippet", "--help", NULL };
+            rc = unknown("unknown option", flag, known);
+        }
     }
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
@@ -741,7 +1007,7 @@ static int check_main(int argc, char **argv) {
     gcd_report_finish(doc, code, NULL, 0, now() - t0);
     code = write_reports(doc, path, reserved, xml, code, now() - t0);
     FILE *out = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) ? stderr : stdout;
-    char *text = gcd_render_text(doc);
+    char *text = gcd_render_text_width(doc, gcd_text_width(fileno(out)));
     fputs(text, out);
     free(text);
     if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
@@ -765,7 +1031,10 @@ static int report_main(int argc, char **argv) {
             if (!format) return bad("--format", "%s", "missing value");
             if (strcmp(format, "text") && strcmp(format, "md") && strcmp(format, "junit"))
                 return bad("--format", "expected text, md or junit, got '%s'", format);
-        } else if (argv[i][0] == '-' && argv[i][1]) return bad(argv[i], "%s", "unknown option");
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            static const char *const known[] = { "--format", "--help", NULL };
+            return unknown("unknown option", argv[i], known);
+        }
         else if (file) return bad("report", "one FILE only, got a second: '%s'", argv[i]);
         else file = argv[i];
     }
@@ -782,15 +1051,22 @@ static int report_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) return fputs(usage, stderr), 2;
+    if (argc < 2) return help(stderr, NULL), 2;
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return fputs(usage, stdout), 0;
-    if (!strcmp(cmd, "--version")) return puts("gradcheck-dist " GCD_VERSION), 0;
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return help(stdout, argc > 2 ? argv[2] : NULL);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        int ok = puts("gradcheck-dist " GCD_VERSION) >= 0 && fflush(stdout) == 0;
+        return ok ? 0 : 3;
+    }
+    static const char *const commands[] = { "run", "check", "report", "version", "help", NULL };
+    int c = 0;
+    while (commands[c] && strcmp(cmd, commands[c])) c++;
+    if (c > 2) return unknown("unknown command: expected run, check or report", cmd, commands);
+    command = c == 0 ? "run " : c == 1 ? "check " : "report ";
     for (int i = 2; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(usage, stdout), 0;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return help(stdout, cmd);
     if (!strcmp(cmd, "report")) return report_main(argc, argv);
     if (!strcmp(cmd, "check")) return check_main(argc, argv);
-    if (strcmp(cmd, "run")) return bad(cmd, "%s", "unknown command: expected run, check or report");
     options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc;

@@ -35,6 +35,8 @@ int gcd_mpi_any(int flag);                              // 1 when flag is set on
 // Every MPI collective completes within this many seconds (default 300) or stops the job (exit 3),
 // naming the call and the context (the probe and mode running).
 void gcd_mpi_set_timeout(double seconds);
+// async-signal-safe: the collective in progress, or the next, stops with a fatal error naming the signal
+void gcd_mpi_stop(int sig);
 void gcd_comm_set_context(const char *what);
 // Arrival at a collective: each rank starts an MPI_Ibarrier as it enters one; arrived() tests it
 // without blocking (1 when every rank has entered, or when none was started); arrive_end() completes it.

@@ -36,6 +36,8 @@ static double timeout_s = 300;
 static char context[160];
 
 void gcd_mpi_set_timeout(double seconds) { timeout_s = seconds; }
+static volatile sig_atomic_t stop_signal;
+void gcd_mpi_stop(int sig) { stop_signal = sig; }
 void gcd_comm_set_context(const char *what) { snprintf(context, sizeof context, "%s", what ? what : ""); }
 
 #define mpiWait(req, name) mpi_wait(&(req), name, __FILE__, __LINE__)
@@ -45,6 +47,9 @@ static void mpi_wait(MPI_Request *req, const char *name, const char *file, int l
         int done = 0;
         mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), name, file, line);
         if (done) return;
+        if (stop_signal)   // gcd_mpi_stop: mpirun is ending the job, as another rank ended first
+            gcd_fatal_at(file, line, "%s: ended by signal %d%s%s: the job was being ended (another rank died?)", name, (int)stop_signal,
+                         *context ? ", in " : "", context);
         if (MPI_Wtime() - t0 > timeout_s)
             gcd_fatal_at(file, line, "%s: not complete after %g s%s%s: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)", name, timeout_s,
                          *context ? ", in " : "", context);

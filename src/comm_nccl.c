@@ -184,8 +184,9 @@ int gcd_nccl_built(void) { return 1; }
 int gcd_cuda_device_count(char *why, size_t len) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) return snprintf(why, len, "no usable CUDA device or driver (cudaGetDeviceCount: %s)", cudaGetErrorString(e)), -1;
-    if (n == 0) return snprintf(why, len, "no CUDA device is visible"), -1;
+    // what is missing first, the driver's words after
+    if (e != cudaSuccess) return snprintf(why, len, "no CUDA device visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e)), -1;
+    if (n == 0) return snprintf(why, len, "no CUDA device visible (cudaGetDeviceCount: 0 devices)"), -1;
     return n;
 }
 

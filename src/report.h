@@ -49,6 +49,9 @@ double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf",
 // ----------------------------------------------------------------------------
 // renderings: malloc'd text
 
-char *gcd_render_text(const cJSON *doc);    // report_text.c
+char *gcd_render_text(const cJSON *doc);    // report_text.c, as wide as gcd_text_width(stdout)
+char *gcd_render_text_width(const cJSON *doc, int width);   // no table line longer than width
+#define GCD_TEXT_MIN_WIDTH 40
+int gcd_text_width(int fd);   // COLUMNS, else fd's terminal's width, else 100 (at least 40)
 char *gcd_render_md(const cJSON *doc);      // report_md.c
 char *gcd_render_junit(const cJSON *doc);   // report_junit.c

@@ -1,7 +1,10 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "report.h"
 #include "report_render.h"
@@ -82,17 +85,23 @@ void gcd_rows_next(const cJSON **cur, int ncol) {
     for (int c = 0; c < ncol; c++) cur[c] = cur[c] ? cur[c]->next : NULL;
 }
 
-char *gcd_cell(const cJSON *p, char *buf, size_t len) {
+// "x0.25", "cos 0.123", "3 ranks", ...: what a cell says beside its status
+static void cell_note(const cJSON *p, char *note, size_t len) {
     const char *st = gcd_jstr(p, "status");
+    note[0] = 0;
+    if (!strcmp(st, "scaled")) snprintf(note, len, "x%.4g", gcd_jnum(p, "scale"));
+    else if (!strcmp(st, "mismatch")) snprintf(note, len, "cos %.3f", gcd_jnum(p, "cosine"));
+    else if (!strcmp(st, "partial")) snprintf(note, len, "%d ranks", gcd_jint(p, "ranks_with_grad"));
+    else if (!strcmp(st, "nonfinite")) snprintf(note, len, "%d bad", gcd_jint(p, "nonfinite"));
+    else if (!strcmp(st, "disagree")) snprintf(note, len, "ranks %.1e", gcd_jnum(p, "rank_diff_rel"));
+}
+
+char *gcd_cell(const cJSON *p, char *buf, size_t len) {
     double norm = gcd_jnum(p, "norm");
-    char n[16] = "-", note[24] = "";
+    char n[16] = "-", note[24];
     if (!isnan(norm)) snprintf(n, sizeof n, "%.3e", norm);
-    if (!strcmp(st, "scaled")) snprintf(note, sizeof note, "x%.4g", gcd_jnum(p, "scale"));
-    else if (!strcmp(st, "mismatch")) snprintf(note, sizeof note, "cos %.3f", gcd_jnum(p, "cosine"));
-    else if (!strcmp(st, "partial")) snprintf(note, sizeof note, "%d ranks", gcd_jint(p, "ranks_with_grad"));
-    else if (!strcmp(st, "nonfinite")) snprintf(note, sizeof note, "%d bad", gcd_jint(p, "nonfinite"));
-    else if (!strcmp(st, "disagree")) snprintf(note, sizeof note, "ranks %.1e", gcd_jnum(p, "rank_diff_rel"));
-    snprintf(buf, len, "%-9s %-9s %s", st, n, note);
+    cell_note(p, note, sizeof note);
+    snprintf(buf, len, "%-9s %-9s %s", gcd_jstr(p, "status"), n, note);
     return buf;
 }
 
@@ -125,10 +134,115 @@ const cJSON *gcd_finding_param(const cJSON *run, const cJSON *f) {
 }
 
 // ----------------------------------------------------------------------------
+// the width: COLUMNS, else the terminal's, else 100
+
+int gcd_text_width(int fd) {
+    const char *c = getenv("COLUMNS");
+    char *end;
+    long w = c && *c ? strtol(c, &end, 10) : 0;
+    struct winsize ws;
+    if (!(c && *c && !*end && w > 0) && isatty(fd) && ioctl(fd, TIOCGWINSZ, &ws) == 0) w = ws.ws_col;
+    if (w <= 0) w = 100;
+    return w < GCD_TEXT_MIN_WIDTH ? GCD_TEXT_MIN_WIDTH : w > 1000 ? 1000 : (int)w;
+}
+
+// display columns of s's first n bytes: UTF-8 continuation bytes take none (✂, ≠, the sparkline's bars)
+static int ncols(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n && s[i]; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+// text in lines of at most width columns: the first after lead, the others indented by as much. It
+// breaks at spaces only: a word longer than a line (a file path) runs over.
+static void wrap(gcd_sb *b, int width, const char *lead, const char *text) {
+    int hang = ncols(lead, strlen(lead)), at = hang, fresh = 1;
+    gcd_sb_printf(b, "%s", lead);
+    for (const char *w = text; *w;) {
+        if (*w == ' ' || *w == '\n') { w++; continue; }
+        size_t n = strcspn(w, " \n");
+        int c = ncols(w, n);
+        if (!fresh && at + 1 + c > width) gcd_sb_printf(b, "\n%*s", hang, ""), at = hang, fresh = 1;
+        gcd_sb_printf(b, "%s%.*s", fresh ? "" : " ", (int)n, w);
+        at += c + !fresh;
+        fresh = 0;
+        w += n;
+    }
+    gcd_sb_printf(b, "\n");
+}
+
+// ----------------------------------------------------------------------------
 // the text report
 
-#define CELL 30
 #define MAX_RUNS 64
+
+// How a table fits the width: every mode side by side with its norms; else side by side without the
+// norms; else the modes stacked in blocks of `per` (at least 2) with norms; else blocks without norms;
+// else, one mode a block, without the shapes; else a name too long for its column gets a line of its own.
+typedef struct {
+    int nw, sw, dw;   // the name, shape (0: dropped) and dtype (0: none) columns
+    int own;          // a name longer than nw goes on a line of its own, its cells under it
+    int norms, cw;    // cells show |g|; a cell's width
+    int per;          // modes a block
+    int need;         // the width every mode side by side with its norms takes
+} layout;
+
+static const char sub_norms[] = "status    |g|       vs ref", sub_brief[] = "status    vs ref";
+
+static char *cell_text(const cJSON *p, int norms, char *buf, size_t len) {
+    char note[24];
+    if (!p) snprintf(buf, len, "?");
+    else if (norms) gcd_cell(p, buf, len);
+    else cell_note(p, note, sizeof note), snprintf(buf, len, "%-9s %s", gcd_jstr(p, "status"), note);
+    return buf;
+}
+
+static int cell_width(const cJSON *const *cols, int ncol, int norms) {
+    int w = (int)strlen(norms ? sub_norms : sub_brief);
+    char c[64];
+    const cJSON *cur[MAX_RUNS] = { 0 };
+    for (int k = 0; k < ncol; k++) {
+        int h = (int)strlen(gcd_jstr(cols[k], "mode")) + 3 + (int)strlen(gcd_jstr(cols[k], "role"));
+        w = h > w ? h : w;
+    }
+    gcd_rows_begin(cur, cols, ncol);
+    for (; cur[0]; gcd_rows_next(cur, ncol))
+        for (int k = 0; k < ncol; k++) {
+            int n = (int)strlen(cell_text(cur[k], norms, c, sizeof c));
+            w = n > w ? n : w;
+        }
+    return w;
+}
+
+static int lead_width(const layout *L) { return 2 + L->nw + (L->sw ? 1 + L->sw : 0) + (L->dw ? 1 + L->dw : 0); }
+
+static layout fit(int width, const cJSON *const *cols, int ncol, int nw, int sw, int dw) {
+    layout L = { .nw = nw, .sw = sw, .dw = dw, .norms = 1, .cw = cell_width(cols, ncol, 1), .per = ncol };
+    int brief = cell_width(cols, ncol, 0);
+    L.need = lead_width(&L) + ncol * (3 + L.cw);
+    if (L.need <= width) return L;
+    if (lead_width(&L) + ncol * (3 + brief) <= width) return L.norms = 0, L.cw = brief, L;
+    L.per = (width - lead_width(&L)) / (3 + L.cw);
+    if (L.per >= 2) return L;
+    L.norms = 0, L.cw = brief;
+    L.per = (width - lead_width(&L)) / (3 + L.cw);
+    if (L.per >= 1) return L;
+    L.per = 1;
+    if (lead_width(&L) + 3 + brief <= width) return L;
+    L.sw = 0;
+    if (lead_width(&L) + 3 + brief <= width) return L;
+    L.own = 1;   // then only a name longer than the whole line runs over
+    L.nw = width - (3 + brief) - (lead_width(&L) - L.nw);
+    L.nw = L.nw < 9 ? 9 : L.nw;
+    return L;
+}
+
+static void row_lead(gcd_sb *b, const layout *L, const char *name, const char *shape, const char *dtype) {
+    if (L->own && (int)strlen(name) > L->nw) gcd_sb_printf(b, "  %s\n", name), name = "";
+    gcd_sb_printf(b, "  %-*s", L->nw, name);
+    if (L->sw) gcd_sb_printf(b, " %-*s", L->sw, shape);
+    if (L->dw) gcd_sb_printf(b, " %-*s", L->dw, dtype);
+}
 
 // mean over ranks of step s
 static double step_mean(const cJSON *row) {
@@ -139,8 +253,9 @@ static double step_mean(const cJSON *row) {
     return k ? sum / k : NAN;
 }
 
-// the whole series in at most 40 columns, each the step at its place; first and last are the real ends
-static void sparkline(gcd_sb *b, const cJSON *steps) {
+// the whole series in at most `width` columns (40 at most), each the step at its place; first and
+// last are the real ends
+static void sparkline(gcd_sb *b, const cJSON *steps, int width) {
     static const char *bar[8] = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" };
     int n = cJSON_GetArraySize(steps);
     double lo = INFINITY, hi = -INFINITY, first = NAN, last = NAN;
@@ -154,7 +269,9 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
         s++;
     }
     gcd_sb_printf(b, "%-10.6g ", first);
-    int width = n < 40 ? n : 40, col = 0;
+    width = width > 40 ? 40 : width < 4 ? 4 : width;
+    width = n < width ? n : width;
+    int col = 0;
     s = 0;
     cJSON_ArrayForEach(row, steps) {   // one pass: the column's step comes up in order
         if (col < width && s == (int)((long)col * (n - 1) / (width > 1 ? width - 1 : 1))) {
@@ -169,114 +286,200 @@ static void sparkline(gcd_sb *b, const cJSON *steps) {
     gcd_sb_printf(b, " %.6g\n", last);
 }
 
-static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g) {
-    const cJSON *cols[MAX_RUNS] = { 0 };
-    int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
-    char t[160], cell[64], shp[96];
-    int NW = 12, SW = 7;   // the name and shape columns fit the longest (within reason)
-    const cJSON *p0;
-    cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
-        int k = (int)strlen(gcd_jstr(p0, "name")), s = (int)strlen(gcd_jshape(p0, shp, sizeof shp));
-        NW = k > NW ? (k < 60 ? k : 60) : NW;
-        SW = s > SW ? (s < 24 ? s : 24) : SW;
-    }
-    int check = !strcmp(gcd_jstr(cols[0], "probe"), "check");
-    gcd_sb_printf(b, "%s\n", gcd_run_title(cols[0], t, sizeof t));
-    gcd_sb_printf(b, "  %-*s %-*s", NW, "parameter", SW, "shape");
-    if (check) gcd_sb_printf(b, " dtype");
-    for (int c = 0; c < ncol; c++) {
-        char h[48];
-        snprintf(h, sizeof h, "%s (%s)", gcd_jstr(cols[c], "mode"), gcd_jstr(cols[c], "role"));
-        gcd_sb_printf(b, " | %-*s", CELL, h);
-    }
-    gcd_sb_printf(b, "\n  %-*s %-*s", NW, "", SW, "");
-    if (check) gcd_sb_printf(b, "      ");
-    for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, "status    |g|       vs ref");
-    gcd_sb_printf(b, "\n");
-    const cJSON *cur[MAX_RUNS] = { 0 };
-    gcd_rows_begin(cur, cols, ncol);
-    for (; cur[0]; gcd_rows_next(cur, ncol)) {
-        p0 = cur[0];
-        gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
-        if (check) gcd_sb_printf(b, " %-5s", *gcd_jstr(p0, "dtype") ? gcd_jstr(p0, "dtype") : "-");
-        for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-*s", CELL, cur[c] ? gcd_cell(cur[c], cell, sizeof cell) : "?");
-        gcd_sb_printf(b, "\n");
-    }
-    if (!check) gcd_sb_printf(b, "  |g|: L2 norm of the DDP-mean gradient; xC: g = C * reference; cos: cosine to the reference\n");
-    else if (!strcmp(gcd_jstr(cols[0], "stage"), "local"))
-        gcd_sb_printf(b, "  |g|: L2 norm of the DDP mean of the ranks' local gradients (None as zeros); xC: g = C * reference; cos: cosine to the reference\n");
-    else gcd_sb_printf(b, "  |g|: L2 norm of the gradient every rank holds after DDP; ranks R: the ranks' largest relative difference; xC: g = C * reference; cos: cosine\n");
+// the notes (findings that do not count) already printed: a note every run repeats is printed once
+typedef struct {
+    const char *msg[256];
+    int n;
+} seen_notes;
+
+static int seen(seen_notes *s, const char *msg, int add) {
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->msg[i], msg)) return 1;
+    if (add && s->n < 256) s->msg[s->n++] = msg;
+    return 0;
+}
+
+// how many of the columns hold a note with this message
+static int note_in(const cJSON *const *cols, int ncol, const char *msg) {
+    int n = 0;
     for (int c = 0; c < ncol; c++) {
         const cJSON *f;
         cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
-            if (check) gcd_sb_printf(b, "  %s %s\n", gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
-            else gcd_sb_printf(b, "  %-5s %s %s\n", gcd_jstr(cols[c], "mode"), gcd_jbool(f, "counts") ? "!" : "-", gcd_jstr(f, "message"));
-            const cJSON *p = gcd_finding_param(cols[c], f);
-            gcd_sb chain = { 0 };
-            if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "          path: %s\n", chain.s);
-            gcd_sb_free(&chain);
+            if (!gcd_jbool(f, "counts") && !strcmp(gcd_jstr(f, "message"), msg)) { n++; break; }
         }
     }
-    if (gcd_jnum(cols[0], "steps") > 0) {
-        gcd_sb_printf(b, "  loss over %d SGD steps (lr %g, mean over ranks): first, curve, last\n", gcd_jint(cols[0], "steps"),
-                      gcd_jnum(cols[0], "lr"));
-        for (int c = 0; c < ncol; c++) {
-            gcd_sb_printf(b, "    %-6s ", gcd_jstr(cols[c], "mode"));
-            sparkline(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cols[c], "loss"), "per_step"));
+    return n;
+}
+
+static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, int width, seen_notes *notes) {
+    const cJSON *cols[MAX_RUNS] = { 0 };
+    int ncol = gcd_group_runs(runs, group, g, cols, MAX_RUNS);
+    char t[160], cell[64], shp[96], line[512];
+    int nw = 12, sw = 7;   // the name and shape columns fit the longest (within reason)
+    const cJSON *p0;
+    cJSON_ArrayForEach(p0, cJSON_GetObjectItemCaseSensitive(cols[0], "params")) {
+        int k = (int)strlen(gcd_jstr(p0, "name")), s = (int)strlen(gcd_jshape(p0, shp, sizeof shp));
+        nw = k > nw ? (k < 60 ? k : 60) : nw;
+        sw = s > sw ? (s < 24 ? s : 24) : sw;
+    }
+    int check = !strcmp(gcd_jstr(cols[0], "probe"), "check");
+    layout L = fit(width, cols, ncol, nw, sw, check ? 5 : 0);
+    wrap(b, width, "", gcd_run_title(cols[0], t, sizeof t));
+    const cJSON *cur[MAX_RUNS] = { 0 };
+    for (int c0 = 0; c0 < ncol; c0 += L.per) {   // one block of modes side by side
+        int c1 = c0 + L.per < ncol ? c0 + L.per : ncol;
+        row_lead(b, &L, "parameter", "shape", "dtype");
+        for (int c = c0; c < c1; c++) {
+            snprintf(line, sizeof line, "%s (%s)", gcd_jstr(cols[c], "mode"), gcd_jstr(cols[c], "role"));
+            gcd_sb_printf(b, " | %-*s", L.cw, line);
         }
-        gcd_sb_printf(b, "  how far each parameter moved, ||end - start||\n  %-*s %-*s", NW, "parameter", SW, "shape");
-        for (int c = 0; c < ncol; c++) gcd_sb_printf(b, " | %-14s", gcd_jstr(cols[c], "mode"));
+        gcd_sb_printf(b, "\n");
+        row_lead(b, &L, "", "", "");
+        for (int c = c0; c < c1; c++) gcd_sb_printf(b, " | %-*s", L.cw, L.norms ? sub_norms : sub_brief);
         gcd_sb_printf(b, "\n");
         gcd_rows_begin(cur, cols, ncol);
         for (; cur[0]; gcd_rows_next(cur, ncol)) {
             p0 = cur[0];
-            gcd_sb_printf(b, "  %-*s %-*s", NW, gcd_jstr(p0, "name"), SW, gcd_jshape(p0, shp, sizeof shp));
-            for (int c = 0; c < ncol; c++) {
-                const cJSON *p = cur[c];
-                if (p && !gcd_jbool(p, "moved_any")) snprintf(cell, sizeof cell, "0 (never)");
-                else snprintf(cell, sizeof cell, "%.3e", p ? gcd_jnum(p, "moved") : NAN);
-                gcd_sb_printf(b, " | %-14s", cell);
-            }
+            row_lead(b, &L, gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp), *gcd_jstr(p0, "dtype") ? gcd_jstr(p0, "dtype") : "-");
+            for (int c = c0; c < c1; c++) gcd_sb_printf(b, " | %-*s", L.cw, cell_text(cur[c], L.norms, cell, sizeof cell));
             gcd_sb_printf(b, "\n");
+        }
+    }
+    int reduced = check && strcmp(gcd_jstr(cols[0], "stage"), "local");
+    char norm[128];
+    if (!L.norms) snprintf(norm, sizeof norm, "|g| left out at this width (COLUMNS=%d shows it);", L.need);
+    else snprintf(norm, sizeof norm, "|g|: L2 norm of %s;", !check     ? "the DDP-mean gradient"
+                                                           : !reduced ? "the DDP mean of the ranks' local gradients (None as zeros)"
+                                                                      : "the gradient every rank holds after DDP");
+    snprintf(line, sizeof line, "%s%s xC: g = C * reference; cos: cosine to the reference", norm,
+             reduced ? " ranks R: the ranks' largest relative difference;" : "");
+    wrap(b, width, "  ", line);
+    for (int c = 0; c < ncol; c++) {
+        const cJSON *f;
+        cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
+            const char *msg = gcd_jstr(f, "message"), *mode = gcd_jstr(cols[c], "mode");
+            int counts = gcd_jbool(f, "counts");
+            if (!counts && ncol > 1 && note_in(cols, ncol, msg) == ncol) {   // world 1's note on every run: once
+                if (seen(notes, msg, 1)) continue;
+                mode = "all";
+            }
+            if (check) snprintf(line, sizeof line, "  %s ", counts ? "!" : "-");
+            else snprintf(line, sizeof line, "  %-5s %s ", mode, counts ? "!" : "-");
+            wrap(b, width, line, msg);
+            const cJSON *p = gcd_finding_param(cols[c], f);
+            gcd_sb chain = { 0 };
+            if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "          path: %s\n", chain.s);   // one line, however long: it is copied whole
+            gcd_sb_free(&chain);
+        }
+    }
+    if (gcd_jnum(cols[0], "steps") > 0) {
+        snprintf(line, sizeof line, "loss over %d SGD steps (lr %g, mean over ranks): first, curve, last", gcd_jint(cols[0], "steps"),
+                 gcd_jnum(cols[0], "lr"));
+        wrap(b, width, "  ", line);
+        for (int c = 0; c < ncol; c++) {
+            gcd_sb_printf(b, "    %-6s ", gcd_jstr(cols[c], "mode"));
+            sparkline(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cols[c], "loss"), "per_step"), width - 36);
+        }
+        wrap(b, width, "  ", "how far each parameter moved, ||end - start||");
+        int per = (width - lead_width(&L)) / 17;
+        per = per < 1 ? 1 : per;
+        for (int c0 = 0; c0 < ncol; c0 += per) {
+            int c1 = c0 + per < ncol ? c0 + per : ncol;
+            row_lead(b, &L, "parameter", "shape", "dtype");
+            for (int c = c0; c < c1; c++) gcd_sb_printf(b, " | %-14s", gcd_jstr(cols[c], "mode"));
+            gcd_sb_printf(b, "\n");
+            gcd_rows_begin(cur, cols, ncol);
+            for (; cur[0]; gcd_rows_next(cur, ncol)) {
+                p0 = cur[0];
+                row_lead(b, &L, gcd_jstr(p0, "name"), gcd_jshape(p0, shp, sizeof shp), "");
+                for (int c = c0; c < c1; c++) {
+                    const cJSON *p = cur[c];
+                    if (p && !gcd_jbool(p, "moved_any")) snprintf(cell, sizeof cell, "0 (never)");
+                    else snprintf(cell, sizeof cell, "%.3e", p ? gcd_jnum(p, "moved") : NAN);
+                    gcd_sb_printf(b, " | %-14s", cell);
+                }
+                gcd_sb_printf(b, "\n");
+            }
         }
     }
     gcd_sb_printf(b, "\n");
 }
 
-char *gcd_render_text(const cJSON *doc) {
+// what the result means, in the run's own terms
+static const char *result_meaning(const cJSON *doc, int check) {
+    const char *result = gcd_jstr(doc, "result");
+    int controls = 0, test_failed = 0, control_failed = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
+        int control = !strcmp(gcd_jstr(e, "role"), "control");
+        controls += control;
+        if (!gcd_jbool(e, "met")) control ? control_failed++ : test_failed++;
+    }
+    if (!strcmp(result, "error")) return "error: the run failed before a verdict (the error above); the findings so far are not a verdict";
+    if (check) return !strcmp(result, "pass") ? "pass: the dumps' gradients show no finding" : "fail: the dumps' gradients have the findings marked ! above";
+    if (!strcmp(result, "pass"))
+        return controls ? "pass: the configuration under test is clean and every known-bad configuration was caught"
+                        : "pass: every configuration under test is clean";
+    if (test_failed && control_failed)
+        return "fail: the configuration under test has gradient findings, and a known-bad configuration was not caught as expected (FAIL above)";
+    if (control_failed) return "fail: a known-bad configuration was not caught as expected (FAIL above): the tool or this MPI setup is in doubt";
+    return "fail: the configuration under test has gradient findings (FAIL above)";
+}
+
+char *gcd_render_text(const cJSON *doc) { return gcd_render_text_width(doc, gcd_text_width(STDOUT_FILENO)); }
+
+char *gcd_render_text_width(const cJSON *doc, int width) {
     gcd_sb b = { 0 };
+    char line[2048];
+    width = width < GCD_TEXT_MIN_WIDTH ? GCD_TEXT_MIN_WIDTH : width;
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment");
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs");
     const cJSON *r0 = cJSON_GetArrayItem(runs, 0);
     const char *version = gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version");
-    if (!strcmp(gcd_jstr(r0, "probe"), "check")) {
+    int check = !strcmp(gcd_jstr(r0, "probe"), "check");
+    if (check) {
         const cJSON *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference"), *dumps = cJSON_GetObjectItemCaseSensitive(r0, "dumps");
-        gcd_sb_printf(&b, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s, tolerance %g%s\n",
-                      version, cJSON_GetArraySize(dumps), gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"),
-                      cJSON_GetArraySize(dumps) > 1 ? ", ..." : "", cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)",
-                      gcd_jnum(doc, "tolerance"),
-                      gcd_jnum(r0, "tolerance") == gcd_jnum(r0, "tolerance_from_dtypes") ? " (from the dtypes)" : " (--tol)");
+        snprintf(line, sizeof line, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s, tolerance %g%s",
+                 version, cJSON_GetArraySize(dumps), gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"),
+                 cJSON_GetArraySize(dumps) > 1 ? ", ..." : "", cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)",
+                 gcd_jnum(doc, "tolerance"),
+                 gcd_jnum(r0, "tolerance") == gcd_jnum(r0, "tolerance_from_dtypes") ? " (from the dtypes)" : " (--tol)");
+        wrap(&b, width, "", line);
         const char *tv = gcd_jstr(env, "torch_version"), *lv = gcd_jstr(env, "lightning_version");
         if (*tv || *lv) gcd_sb_printf(&b, "dumped with torch %s%s%s\n", *tv ? tv : "?", *lv ? ", lightning " : "", lv);
         gcd_sb_printf(&b, "\n");
     } else {
-        gcd_sb_printf(&b, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g\n\n", version, gcd_jstr(env, "backend"),
-                      gcd_jint(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+        snprintf(line, sizeof line, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g", version, gcd_jstr(env, "backend"),
+                 gcd_jint(env, "world"), gcd_jstr(env, "precision"), gcd_jnum(doc, "tolerance"));
+        wrap(&b, width, "", line);
+        gcd_sb_printf(&b, "\n");
     }
     int group[MAX_RUNS];
     int ng = gcd_run_groups(runs, group, MAX_RUNS), nruns = cJSON_GetArraySize(runs);
-    for (int g = 0; g < ng; g++) group_table(&b, runs, group, g);
-    if (nruns > MAX_RUNS) gcd_sb_printf(&b, "(%d more runs are in the report; the tables show the first %d)\n\n", nruns - MAX_RUNS, MAX_RUNS);
+    seen_notes notes = { 0 };
+    for (int g = 0; g < ng; g++) group_table(&b, runs, group, g, width, &notes);
+    if (nruns > MAX_RUNS) {
+        snprintf(line, sizeof line, "(%d more runs are in the report; the tables show the first %d)", nruns - MAX_RUNS, MAX_RUNS);
+        wrap(&b, width, "", line);
+        gcd_sb_printf(&b, "\n");
+    }
+    if (ng) wrap(&b, width, "key: ", check ? "! a finding; - a note"
+                                            : "! a finding; - a note; (test) the configuration under test, which must show no finding; "
+                                              "(control) a configuration known to drop or scale gradients, which the tool must catch");
     const cJSON *e;
-    int shown = 0, check = !strcmp(gcd_jstr(r0, "probe"), "check");   // check: the findings above are the whole verdict
+    int shown = 0;   // check: the findings above are the whole verdict
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
         if (check) break;
-        if (!shown++) gcd_sb_printf(&b, "expectations\n");
-        gcd_sb_printf(&b, "  %-4s %s\n", gcd_jbool(e, "met") ? "ok" : "FAIL", gcd_jstr(e, "message"));
+        if (!shown++) gcd_sb_printf(&b, "\nexpectations\n");
+        wrap(&b, width, gcd_jbool(e, "met") ? "  ok   " : "  FAIL ", gcd_jstr(e, "message"));
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
-    if (cJSON_IsObject(err)) gcd_sb_printf(&b, "error on rank %d: %s\n", gcd_jint(err, "rank"), gcd_jstr(err, "message"));
+    if (cJSON_IsObject(err)) {
+        snprintf(line, sizeof line, "error on rank %d: ", gcd_jint(err, "rank"));
+        wrap(&b, width, line, gcd_jstr(err, "message"));
+    }
     gcd_sb_printf(&b, "result: %s (exit %d)\n", gcd_jstr(doc, "result"), gcd_jint(doc, "exit_code"));
+    wrap(&b, width, "  ", result_meaning(doc, check));
     size_t k = 0;   // no trailing blanks: the last column is padded
     for (size_t i = 0; i < b.len; i++) {
         if (b.s[i] == '\n')

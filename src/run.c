@@ -227,6 +227,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         }
         for (int i = 0; i < P.n && o->steps > 0; i++)    // plain SGD on the reduced gradient; None: no update
             for (size_t k = 0; got[i] && k < P.t[i]->n; k++) P.t[i]->data[k] -= o->lr * mean[i][k];
+        if (root && o->progress) o->progress(s + 1, res->nloss);
     }
     for (int i = 0; i < P.n; i++) free(mean[i]);
     for (int i = 0; i < P.n; i++) {

@@ -121,6 +121,7 @@ typedef struct {
     int steps;
     double lr;
     gcd_reference *ref;   // optional: reused when done, kept otherwise; NULL computes it for this run alone
+    void (*progress)(int step, int nstep);   // optional: rank 0 calls it after each step (1..nstep)
 } gcd_run_opts;
 
 // Collective: every rank calls it. Rank 0's result is complete; the other ranks' lack local, inputs

@@ -25,6 +25,7 @@ import st_writer as w  # noqa: E402
 BIN = None
 TMP = None
 TIMEOUT = 20
+os.environ["COLUMNS"] = "1000"   # the needles are phrases: the text unwrapped (test_cli.sh tests the widths)
 CASES = []
 
 

@@ -9,6 +9,7 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
+export COLUMNS=200   # the tables whole (check_report.py reads every cell's norm); the widths are tested below
 
 # ---- usage errors
 usage_error() {   # FLAG ARGS...: exit 2 and one line naming FLAG
@@ -51,6 +52,29 @@ usage_error FILE report
 "$G" --help | grep -q "exit status" || fail "--help does not document the exit status"
 "$G" run --help | grep -q -- "--mode" || fail "run --help does not list --mode"
 "$G" --version | grep -Eq "^gradcheck-dist [0-9]+\.[0-9]+\.[0-9]+$" || fail "--version: $("$G" --version)"
+for v in -V version; do [ "$("$G" $v)" = "$("$G" --version)" ] || fail "$v must print the version: $("$G" $v 2>&1)"; done
+# each command's --help is its own usage: its options, not the others'
+"$G" run --help >help_run.txt && grep -q -- "--mode" help_run.txt && ! grep -q -- "--snippet\|--format" help_run.txt || fail "run --help: $(head -3 help_run.txt)"
+"$G" check --help >help_check.txt && grep -q -- "--snippet" help_check.txt && ! grep -q -- "--mode\|--format" help_check.txt || fail "check --help: $(head -3 help_check.txt)"
+"$G" report --help >help_report.txt && grep -q -- "--format" help_report.txt && ! grep -q -- "--mode\|--snippet" help_report.txt || fail "report --help: $(head -3 help_report.txt)"
+"$G" --help | grep -q -- "--snippet" && "$G" --help | grep -q -- "--mode" || fail "--help must show every command"
+# near misses: the nearest flag or command, named; nothing suggested for what is near nothing
+near() {   # SUGGESTION ARGS...: exit 2, "did you mean SUGGESTION?"
+    local want=$1 out rc
+    shift
+    out=$("$G" "$@" 2>&1) && rc=0 || rc=$?
+    [ $rc = 2 ] && grep -qF "did you mean $want?" <<<"$out" || fail "'$*': exit $rc, expected 2 and 'did you mean $want?': $out"
+}
+near --world run --wrold 2
+near --world run --worl=2
+near --summary-only run --summary-onyl
+near --json check --jsn x.json d.st
+near --format report x.json --formt md
+near run rnu
+near report reprot x.json
+"$G" run --bogus 2>&1 | grep -q "did you mean" && fail "--bogus is near no flag, yet a flag was suggested"
+usage_error --summary-only run --summary-only --no-json
+"$G" run --summary-only --no-json 2>&1 | grep -q -- "--no-json" || fail "--summary-only with --no-json: the message must name both"
 
 # ---- the run a CI job makes: sync_grads=False under test must fail
 "$G" run --world 4 --mode off --no-json >off.txt 2>&1
@@ -86,6 +110,78 @@ PY
 for want in '^# gradcheck-dist: ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
     grep -q -- "$want" run.md || fail "the Markdown has no line matching $want"
 done
+
+# ---- the words: the key, one spelling for factors, a result that says what it means
+grep -qF "(control) a configuration known to drop or scale gradients, which the tool must catch" run.txt || fail "no key for (control): $(grep -A2 '^key' run.txt)"
+grep -q "^key: ! a finding; - a note; (test) the configuration under test" run.txt || fail "the key must explain !, - and (test): $(grep -A2 '^key' run.txt)"
+grep -q "gradients are x0.25 the reference (= 1/world) while fc2.weight and fc2.bias are x1$" run.txt || fail "scales are written x0.25: $(grep 'the reference (=' run.txt)"
+grep -Eq "[0-9]x( |$)" run.txt && fail "a factor is written 0.25x: $(grep -E '[0-9]x( |$)' run.txt)"
+grep -A1 "^result: pass (exit 0)$" run.txt | grep -qx "  pass: the configuration under test is clean and every known-bad configuration was caught" ||
+    fail "result: pass must say what it means: $(tail -3 run.txt)"
+grep -A1 "^result: fail (exit 1)$" off.txt | grep -q "^  fail: the configuration under test has gradient findings" || fail "result: fail must say what it means: $(tail -3 off.txt)"
+
+# ---- the table fits the width: COLUMNS, else the terminal's, else 100; only a path: line may run over
+widest() {   # FILE: the longest line that is not a gradient's path:, in characters
+    "$PY" -c 'import sys; print(max(len(l) for l in open(sys.argv[1], encoding="utf-8").read().split("\n") if not l.startswith("          path: ")))' "$1"
+}
+fits() {   # WIDTH FILE WHAT
+    local w
+    w=$(widest "$2")
+    [ "$w" -le "$1" ] || fail "$3: a line of $w characters at width $1: $(awk -v w="$1" 'length > w' "$2" | grep -v '^          path: ' | head -2)"
+    for m in off on local avg; do grep -q " | $m (" "$2" || fail "$3: the table at width $1 lost mode $m"; done
+}
+for w in 60 80 100 177; do
+    COLUMNS=$w "$G" report run.json >w$w.txt
+    fits $w w$w.txt "report run.json"
+done
+grep -q " | status    |g|       vs ref" w177.txt || fail "at 177 columns the norms are shown"
+grep -q "|g| left out at this width (COLUMNS=138 shows it)" w100.txt || fail "at 100 columns the norms are left out, saying so: $(grep -n 'xC' w100.txt | head -1)"
+[ "$(grep -c "^  parameter " w80.txt)" = 4 ] || fail "at 80 columns two blocks of modes a probe are stacked: $(grep -c '^  parameter ' w80.txt)"
+(unset COLUMNS; "$G" report run.json >w_default.txt)
+cmp -s w_default.txt w100.txt || fail "not a terminal, no COLUMNS: the width must be 100"
+if command -v script >/dev/null; then   # a terminal 70 wide: TIOCGWINSZ
+    (unset COLUMNS; script -qec "stty cols 70 rows 40; $(printf %q "$G") report run.json" /dev/null >w70.txt) || fail "script: report failed"
+    tr -d '\r' <w70.txt >w70.clean
+    fits 70 w70.clean "report on a 70-column terminal"
+fi
+"$G" run --world 2 --probe contrastive --mode off,on --steps 30 --json steps30.json >/dev/null 2>&1
+for w in 60 80; do
+    COLUMNS=$w "$G" report steps30.json >s$w.txt
+    w2=$(widest s$w.txt)
+    [ "$w2" -le $w ] || fail "--steps: a line of $w2 characters at width $w: $(awk -v w=$w 'length > w' s$w.txt | head -2)"
+done
+# check's table: a dtype column, and a name too long for the line gets a line of its own
+mkdir -p dumps
+PYTHONPATH=$SRC/tests "$PY" - <<'PY' || fail "could not write the dumps"
+import numpy as np, st_writer as w
+r = np.random.default_rng(0)
+g = {"model.encoder.layers.11.attention.self.query.weight": r.standard_normal((64, 64)), "head.bias": r.standard_normal(3)}
+w.write_world("dumps", [g, dict(g, **{"head.bias": 2 * g["head.bias"]})])
+PY
+for w in 60 80; do
+    COLUMNS=$w "$G" check dumps --no-json >c$w.txt
+    [ $? = 1 ] && [ "$(widest c$w.txt)" -le $w ] || fail "check at width $w: a line of $(widest c$w.txt) characters: $(awk -v w=$w 'length > w' c$w.txt | head -2)"
+done
+grep -qx "  model.encoder.layers.11.attention.self.query.weight" c60.txt || fail "check at 60: the long name must have a line of its own"
+# the launcher hands its width to rank 0 (whose stdout is mpirun's pipe)
+COLUMNS=80 "$G" run --world 2 --probe simplenet --no-json >launch80.txt 2>/dev/null
+[ "$(widest launch80.txt)" -le 80 ] && grep -q "^  parameter " launch80.txt || fail "run at COLUMNS=80: a line of $(widest launch80.txt) characters"
+
+# ---- progress on stderr: one line a probe and mode when not a terminal, a live line on one
+"$G" run --world 2 --probe simplenet --no-json >/dev/null 2>progress.txt
+[ "$(grep -Ec '^gradcheck-dist: [1-4]/4 simplenet, mode (off|on|local|avg): gradients in [0-9.]+ s, [0-9.]+ s elapsed$' progress.txt)" = 4 ] ||
+    fail "not a terminal: one progress line per run expected: $(cat progress.txt)"
+grep -q $'\r' progress.txt && fail "not a terminal: no carriage returns expected"
+if command -v script >/dev/null; then
+    script -qec "$(printf %q "$G") run --world 2 --probe contrastive --mode on --steps 200 --no-json" /dev/null >tty.txt
+    grep -q $'\r\e\[K1/1 contrastive, mode on: step 200/200, [0-9.]* s' tty.txt || fail "on a terminal: a live line ending at step 200/200: $(od -c tty.txt | head -5)"
+    grep -q "^gradcheck-dist: 1/1" tty.txt && fail "on a terminal: no per-run lines"
+fi
+
+# ---- world 1: a note every run has is said once
+"$G" run --world 1 --no-json >w1.txt 2>/dev/null
+[ "$(grep -c "world 1: a one-rank process group" w1.txt)" = 1 ] || fail "world 1: the note must be said once, not $(grep -c 'world 1: a one-rank' w1.txt) times"
+grep -q "^  all   - world 1: a one-rank process group" w1.txt || fail "world 1: the note must be marked for all modes: $(grep 'world 1:' w1.txt)"
 
 # ---- with findings: the Markdown's title names the first one, JUnit fails it
 "$G" run --world 2 --probe contrastive --mode off,on --json off.json >/dev/null 2>&1
@@ -260,7 +356,7 @@ rc=$?
 [ $rc = 3 ] || fail "a stopped rank with --timeout 3 exited $rc, expected 3"
 grep -Eq "MPI_[A-Za-z_]+: not complete after 3 s, in probe contrastive, mode on" stopped.txt || fail "the timeout must name the collective and the run: $(cat stopped.txt)"
 "$PY" -c 'import json,sys; d=json.load(open("stopped.json")); assert d["exit_code"] == 3 and "not complete" in d["error"]["message"]' || fail "no error report after the timeout"
-[ -z "$(ranks_of 99911)" ] || fail "processes left after the timeout: $(ranks_of 99911)"
+wait_for 10 no_ranks 99911 || fail "processes left after the timeout: $(ranks_of 99911)"
 
 mkdir -p sig && cd sig || exit 1
 "$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99912 >term.txt 2>&1 &
@@ -277,6 +373,22 @@ wait_for 20 has_rank 99913 0 && sleep 0.5 && kill -KILL $run
 wait $run 2>/dev/null
 wait_for 10 no_ranks 99913 || fail "SIGKILL to the launcher left processes: $(ranks_of 99913)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGKILL to the launcher left a report: $(ls reports)"
+# a rank killed by a signal: named with its pid and host, and rank 0, alive, still writes the error report
+"$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json >dead.txt 2>&1 &
+run=$!
+wait_for 20 has_rank 99915 2 && sleep 1 && victim=$(rank_pid 99915 2) && kill -KILL "$victim"
+timeout 60 tail --pid=$run -f /dev/null
+wait $run
+rc=$?
+[ $rc = 3 ] || fail "a rank killed by SIGKILL exited $rc, expected 3"
+grep -qF "rank 2 (pid ${victim:-?} on $(hostname)) was killed by signal 9" dead.txt || fail "the dead rank must be named: $(cat dead.txt)"
+"$PY" - dead.json "${victim:-0}" <<'PY' || fail "dead.json: no error report naming rank 2"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["result"] == "error" and d["exit_code"] == 3 and d["error"]["rank"] == 2, (d["result"], d["error"])
+assert f"rank 2 (pid {sys.argv[2]} on " in d["error"]["message"] and "killed by signal 9" in d["error"]["message"], d["error"]
+PY
+wait_for 10 no_ranks 99915 || fail "a killed rank left processes: $(ranks_of 99915)"
 # the ranks read no stdin: a caller's while-read loop keeps its lines
 got=$(printf 'a\nb\n' | while read -r x; do "$G" run --world 2 --probe simplenet --mode on --no-json >/dev/null; printf '%s' "$x"; done)
 [ "$got" = ab ] || fail "gradcheck-dist run swallowed the caller's stdin: read '$got'"
@@ -325,7 +437,10 @@ args=" $(tr '\n' ' ' <argv)"
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     usage_error --backend run --backend nccl --world 1
-    "$G" run --backend nccl --world 1 2>&1 | grep -q -- "--backend mpi" || fail "--backend nccl must suggest --backend mpi"
+    out=$("$G" run --backend nccl --world 1 2>&1)
+    grep -q -- "--backend mpi" <<<"$out" || fail "--backend nccl must suggest --backend mpi"
+    # what is missing first: the build ("not built"), or the device, before any driver detail
+    grep -Eq -- "--backend: nccl: (not built: |no CUDA device visible \(cudaGetDeviceCount: )" <<<"$out" || fail "--backend nccl without a GPU: $out"
 fi
 
 echo "test_cli: $fails failure(s)"
