@@ -58,6 +58,7 @@ static const char usage[] =
     "                       -: stdout, and the table goes to stderr)\n"
     "  --no-json            write no report\n"
     "  --summary-only       leave tensor values out of the report, keep the statuses\n"
+    "  --full               every tensor's values (default: one over 4096 elements as its norm and first 16)\n"
     "\n"
     "check options:\n"
     "  DUMP...|DIR          one safetensors dump per rank (gradcheck_dist.dump_grads), or a directory of them\n"
@@ -93,7 +94,7 @@ typedef struct {
     int steps;
     double lr;
     const char *hostfile, *json, *backend;
-    int no_json, summary_only;
+    int no_json, summary_only, full;
     double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
 
@@ -225,11 +226,13 @@ static int parse_run(int argc, char **argv, options *o) {
         } else if (!strcmp(flag, "--json")) o->json = v;
         else if (!strcmp(flag, "--no-json")) o->no_json = 1;
         else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
+        else if (!strcmp(flag, "--full")) o->full = 1;
         else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
         else return bad(flag, "%s", "unknown option");
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
+    if (o->full && o->summary_only) return bad("--full", "%s", "conflicts with --summary-only");
     if (!o->no_json && report_path_ok(o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
     if (o->cfg.inputs_random && !strcmp(o->probe, "contrastive"))
@@ -542,6 +545,15 @@ static int rank_exit(int root, int code) {
     return 0;
 }
 
+// The tensor values a run's document holds. The table and every rendering read only statuses and
+// figures; the values are for the JSON file alone, so without one the document holds none (at
+// contrastive B=512 they were most of the peak memory). A consumer that needs values (none yet:
+// --junit reads statuses) joins the first test here.
+static gcd_values report_values(const options *o) {
+    if (o->no_json || o->summary_only) return GCD_VALUES_NONE;
+    return o->full ? GCD_VALUES_FULL : GCD_VALUES_LIMITED;
+}
+
 static int run_rank(const options *o, int argc, char **argv) {
     char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
     for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
@@ -592,7 +604,7 @@ static int run_rank(const options *o, int argc, char **argv) {
             gcd_run(comm, &ro, &res);
             if (root) {
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
-                gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
+                gcd_report_add_run(job.doc, &res, test ? "test" : "control", report_values(o));
                 all_met &= expect(job.doc, &res, pr, test);
             }
             gcd_run_result_free(&res);

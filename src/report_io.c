@@ -214,12 +214,50 @@ static int shape_ok(why *w, const cJSON *p, const char *path, double *n) {
     return *n <= 1099511627776.0 ? 1 : bad(w, path, "shape", "its element count is over 2^40");
 }
 
-// values: null, or an array of n numbers (or "nan", "inf", "-inf")
+static int number_ok(const cJSON *x) { return cJSON_IsNumber(x) || cJSON_IsString(x); }
+
+// values: null, an array of n numbers (or "nan", "inf", "-inf"), or over the limit an elided tensor
+// {"elided": true, "numel": n, "norm", "first": [at most GCD_VALUES_FIRST numbers]}
 static int values_ok(why *w, const cJSON *v, const char *path, const char *k, double n) {
     if (!v || cJSON_IsNull(v)) return 1;
+    if (cJSON_IsObject(v)) {
+        const cJSON *numel = key(v, "numel"), *first = key(v, "first"), *x;
+        if (!cJSON_IsTrue(key(v, "elided")) || !cJSON_IsNumber(numel) || numel->valuedouble != n || !number_ok(key(v, "norm")) ||
+            !cJSON_IsArray(first) || cJSON_GetArraySize(first) > GCD_VALUES_FIRST || cJSON_GetArraySize(first) > n)
+            return bad(w, path, k, "not an elided tensor {elided: true, numel: as many values as the shape holds, norm, first: at most 16 values}");
+        cJSON_ArrayForEach(x, first) if (!number_ok(x)) return bad(w, path, k, "holds a value that is not a number");
+        return 1;
+    }
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) return bad(w, path, k, "not an array of as many values as the shape holds");
     const cJSON *x;
-    cJSON_ArrayForEach(x, v) if (!cJSON_IsNumber(x) && !cJSON_IsString(x)) return bad(w, path, k, "holds a value that is not a number");
+    cJSON_ArrayForEach(x, v) if (!number_ok(x)) return bad(w, path, k, "holds a value that is not a number");
+    return 1;
+}
+
+// a probe's setup: {params: [{name, shape, init}], inputs: [{rank, tensors: [{name, shape, data}]}]}
+static int setup_ok(why *w, const cJSON *s, const char *path) {
+    if (!cJSON_IsObject(s)) return bad(w, path, NULL, "not an object");
+    if (!need(w, s, path, "params", cJSON_IsArray) || !need(w, s, path, "inputs", cJSON_IsArray)) return 0;
+    char at[192];
+    const cJSON *p, *r, *t;
+    int i = 0;
+    cJSON_ArrayForEach(p, key(s, "params")) {
+        double n;
+        snprintf(at, sizeof at, "%s.params[%d]", path, i++);
+        if (!cJSON_IsObject(p) || !need(w, p, at, "name", cJSON_IsString) || !shape_ok(w, p, at, &n) || !values_ok(w, key(p, "init"), at, "init", n)) return 0;
+    }
+    i = 0;
+    cJSON_ArrayForEach(r, key(s, "inputs")) {
+        snprintf(at, sizeof at, "%s.inputs[%d]", path, i++);
+        if (!cJSON_IsObject(r) || !need(w, r, at, "tensors", cJSON_IsArray)) return bad(w, at, "tensors", "missing or of the wrong type");
+        int j = 0;
+        cJSON_ArrayForEach(t, key(r, "tensors")) {
+            double n;
+            char tat[224];
+            snprintf(tat, sizeof tat, "%s.tensors[%d]", at, j++);
+            if (!cJSON_IsObject(t) || !need(w, t, tat, "name", cJSON_IsString) || !shape_ok(w, t, tat, &n) || !values_ok(w, key(t, "data"), tat, "data", n)) return 0;
+        }
+    }
     return 1;
 }
 
@@ -233,6 +271,8 @@ static int run_ok(why *w, const cJSON *run, const char *path, int world) {
     int W = (int)key(run, "world")->valuedouble;
     if (W != world) return bad(w, path, "world", "differs from environment.world");
     char at[160];
+    snprintf(at, sizeof at, "%s.setup", path);
+    if (key(run, "setup") && !setup_ok(w, key(run, "setup"), at)) return 0;   // schema /1
     if (!check) {
         const cJSON *loss = key(run, "loss"), *row;
         snprintf(at, sizeof at, "%s.loss", path);
@@ -276,10 +316,10 @@ static int doc_ok(why *w, const cJSON *doc) {
         snprintf(w->err, w->len, "not a gradcheck-dist report (no \"schema\": \"%s\")", GCD_REPORT_SCHEMA);
         return 0;
     }
-    if (strcmp(schema->valuestring, GCD_REPORT_SCHEMA)) {   // exactly this one: "/2" is newer, "/-1" or "/x" nothing known
-        const char *v = schema->valuestring + strlen(prefix);
-        int newer = *v >= '1' && *v <= '9' && v[strspn(v, "0123456789")] == 0;
-        snprintf(w->err, w->len, newer ? "schema %.40s is newer than this gradcheck-dist (%s) reads: upgrade it" : "schema %.40s is not one this gradcheck-dist (%s) knows",
+    const char *v = schema->valuestring + strlen(prefix);   // /1 to this build's: read; a later one: newer; "/-1", "/x": nothing known
+    int number = *v >= '1' && *v <= '9' && v[strspn(v, "0123456789")] == 0 && strlen(v) < 6, version = number ? atoi(v) : 0;
+    if (version < GCD_REPORT_SCHEMA_OLDEST || version > atoi(GCD_REPORT_SCHEMA + strlen(prefix))) {
+        snprintf(w->err, w->len, number ? "schema %.40s is newer than this gradcheck-dist (%s) reads: upgrade it" : "schema %.40s is not one this gradcheck-dist (%s) knows",
                  schema->valuestring, GCD_VERSION);
         return 0;
     }
@@ -288,7 +328,14 @@ static int doc_ok(why *w, const cJSON *doc) {
           whole(w, key(doc, "environment"), "environment", "world", 1, 65536, 0)))
         return 0;
     int world = (int)key(key(doc, "environment"), "world")->valuedouble, i = 0;
-    const cJSON *run, *e;
+    const cJSON *run, *e, *setups = key(doc, "setups");
+    if (setups && !cJSON_IsArray(setups)) return bad(w, "", "setups", "not an array");
+    cJSON_ArrayForEach(e, setups) {
+        char at[32];
+        snprintf(at, sizeof at, "setups[%d]", i++);
+        if (!setup_ok(w, e, at) || !need(w, e, at, "probe", cJSON_IsString)) return 0;
+    }
+    i = 0;
     cJSON_ArrayForEach(run, key(doc, "runs")) {
         char at[32];
         snprintf(at, sizeof at, "runs[%d]", i++);
