@@ -29,7 +29,20 @@ double gcd_json_num(const cJSON *v) {
 
 // ----------------------------------------------------------------------------
 // printing: every double in its shortest form that reads back bit-exact (cJSON_Print stops at 15
-// digits when that is "close enough"); arrays of plain values on one line
+// digits when that is "close enough"); arrays of plain values on one line. Into a file the text is
+// streamed, 64 KiB at a time: a --full report is never held twice, as a tree and as text.
+
+typedef struct {
+    gcd_sb b;
+    FILE *f;   // NULL: the whole text stays in b
+    int ok;    // every fwrite wrote all it was given
+} printer;
+
+static void spill(printer *p, size_t at_least) {
+    if (!p->f || p->b.len < at_least || !p->b.len) return;
+    p->ok &= fwrite(p->b.s, 1, p->b.len, p->f) == p->b.len;
+    p->b.len = 0;
+}
 
 static void print_num(gcd_sb *b, double v) {
     char buf[32];
@@ -56,7 +69,8 @@ static void print_str(gcd_sb *b, const char *s) {
     gcd_sb_append(b, "\"", 1);
 }
 
-static void print_value(gcd_sb *b, const cJSON *v, int depth) {
+static void print_value(printer *p, const cJSON *v, int depth) {
+    gcd_sb *b = &p->b;
     if (cJSON_IsNull(v) || cJSON_IsInvalid(v)) gcd_sb_printf(b, "null");
     else if (cJSON_IsTrue(v)) gcd_sb_printf(b, "true");
     else if (cJSON_IsFalse(v)) gcd_sb_printf(b, "false");
@@ -73,7 +87,8 @@ static void print_value(gcd_sb *b, const cJSON *v, int depth) {
             if (flat) gcd_sb_printf(b, "%s", i++ ? ", " : "");
             else gcd_sb_printf(b, "%s\n%*s", i++ ? "," : "", 2 * (depth + 1), "");
             if (object) print_str(b, c->string), gcd_sb_printf(b, ": ");
-            print_value(b, c, depth + 1);
+            print_value(p, c, depth + 1);
+            spill(p, 1 << 16);
         }
         if (!flat && i) gcd_sb_printf(b, "\n%*s", 2 * depth, "");
         gcd_sb_printf(b, "%c", object ? '}' : ']');
@@ -81,18 +96,28 @@ static void print_value(gcd_sb *b, const cJSON *v, int depth) {
 }
 
 char *gcd_json_print(const cJSON *doc) {
-    gcd_sb b = { 0 };
-    print_value(&b, doc, 0);
-    return b.s;
+    printer p = { .ok = 1 };
+    print_value(&p, doc, 0);
+    return p.b.s;
+}
+
+// the text and a newline into f; 0 when a write failed (errno says why)
+static int print_to(const cJSON *doc, FILE *f) {
+    printer p = { .f = f, .ok = 1 };
+    print_value(&p, doc, 0);
+    gcd_sb_append(&p.b, "\n", 1);
+    spill(&p, 0);
+    gcd_sb_free(&p.b);
+    return p.ok;
 }
 
 // ----------------------------------------------------------------------------
 // writing: whole or not at all
 
 // Straight into what is at path: a device, a FIFO, stdout. ENOSPC and short writes are errors.
-static int write_direct(const char *text, const char *path, char *err, size_t len) {
+static int write_direct(const cJSON *doc, const char *path, char *err, size_t len) {
     FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
+    int ok = f && print_to(doc, f) && fflush(f) == 0;
     int saved = errno;
     if (f && f != stdout) ok &= fclose(f) == 0;
     if (!ok) snprintf(err, len, "report: cannot write %s: %s", strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
@@ -121,7 +146,6 @@ static void remove_stale_temporaries(const char *path) {
 }
 
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
-    char *text = gcd_json_print(doc);
     struct stat st;
     char *real = NULL;
     if (strcmp(path, "-") && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   // a link: its target is what is replaced
@@ -141,8 +165,8 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
         if (real) path = real;
     }
     if (!strcmp(path, "-") || (stat(path, &st) == 0 && !S_ISREG(st.st_mode))) {   // never renamed over, never removed
-        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "report: %s is a directory", path), -1) : write_direct(text, path, err, len);
-        free(text), free(real);
+        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "report: %s is a directory", path), -1) : write_direct(doc, path, err, len);
+        free(real);
         return rc;
     }
     remove_stale_temporaries(path);
@@ -151,7 +175,7 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
     sprintf(tmp, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int ok = f && print_to(doc, f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int saved = errno;
     if (f) ok &= fclose(f) == 0;
     else if (fd >= 0) close(fd);
@@ -163,7 +187,7 @@ int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) 
         snprintf(err, len, "report: cannot write %s: %s", path, strerror(saved ? saved : EIO));
         if (fd >= 0) unlink(tmp);
     }
-    free(tmp), free(text), free(real);
+    free(tmp), free(real);
     return ok ? 0 : -1;
 }
 
