@@ -46,12 +46,11 @@ static void spill(printer *p, size_t at_least) {
 
 static void print_num(gcd_sb *b, double v) {
     char buf[32];
-    if (!isfinite(v)) return gcd_sb_printf(b, "null");   // the builders never store these as numbers
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    gcd_sb_printf(b, "%s", buf);
+    if (!isfinite(v)) return gcd_sb_append(b, "null", 4);   // the builders never store these as numbers
+    int k = 0;
+    for (int digits = 15; digits <= 17; digits++)   // 17 digits always read back
+        if ((k = snprintf(buf, sizeof buf, "%.*g", digits, v)), digits == 17 || strtod(buf, NULL) == v) break;
+    gcd_sb_append(b, buf, (size_t)k);
 }
 
 static void print_str(gcd_sb *b, const char *s) {
@@ -84,8 +83,9 @@ static void print_value(printer *p, const cJSON *v, int depth) {
         gcd_sb_printf(b, "%c", object ? '{' : '[');
         int i = 0;
         cJSON_ArrayForEach(c, v) {
-            if (flat) gcd_sb_printf(b, "%s", i++ ? ", " : "");
-            else gcd_sb_printf(b, "%s\n%*s", i++ ? "," : "", 2 * (depth + 1), "");
+            if (!flat) gcd_sb_printf(b, "%s\n%*s", i ? "," : "", 2 * (depth + 1), "");
+            else if (i) gcd_sb_append(b, ", ", 2);
+            i++;
             if (object) print_str(b, c->string), gcd_sb_printf(b, ": ");
             print_value(p, c, depth + 1);
             spill(p, 1 << 16);
