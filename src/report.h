@@ -9,8 +9,11 @@
 #include "check.h"
 #include "run.h"
 
-#define GCD_REPORT_SCHEMA "gradcheck-dist.report/2"   // /1 (a setup in every run, every value) is still read
-#define GCD_REPORT_SCHEMA_OLDEST 1
+#define GCD_REPORT_VERSION 2          // written; /1 (a setup in every run, every value) is still read
+#define GCD_REPORT_VERSION_OLDEST 1
+#define GCD_REPORT_STR_(x) #x
+#define GCD_REPORT_STR(x) GCD_REPORT_STR_(x)
+#define GCD_REPORT_SCHEMA "gradcheck-dist.report/" GCD_REPORT_STR(GCD_REPORT_VERSION)
 
 // Tensor values in a run's report: with more elements than GCD_VALUES_LIMIT a tensor is written as
 // {"elided": true, "numel", "norm", "first": [its first GCD_VALUES_FIRST values]} unless --full.
@@ -36,9 +39,6 @@ cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
 // role: "test" (the configuration under test) or "control". The probe's setup (initial weights, every
 // rank's inputs) goes once into the top-level "setups", with the first run of that probe.
 void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, gcd_values values);
-// A run's setup, from either the run itself (schema /1) or the top-level "setups" entry of its probe
-// (/2); NULL when it has none (check runs).
-const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 // check: the dumps, their sha256, and each parameter's figures; sets the report's tolerance
 void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
@@ -54,6 +54,9 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len);
 // The same from memory (name: for the messages).
 cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len);
 double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
+// A run's setup, from either the run itself (schema /1) or the top-level "setups" entry of its probe
+// (/2); NULL when it has none (check runs). In report_io.c, which the renderings and the fuzz target link.
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 
 // ----------------------------------------------------------------------------
 // renderings: malloc'd text

@@ -27,6 +27,16 @@ double gcd_json_num(const cJSON *v) {
     return NAN;
 }
 
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(run, "setup"), *probe = cJSON_GetObjectItemCaseSensitive(run, "probe");
+    if (s || !cJSON_IsString(probe)) return s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(doc, "setups")) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "probe");
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, probe->valuestring)) return s;
+    }
+    return NULL;
+}
+
 // ----------------------------------------------------------------------------
 // printing: every double in its shortest form that reads back bit-exact (cJSON_Print stops at 15
 // digits when that is "close enough"); arrays of plain values on one line. Into a file the text is
@@ -342,7 +352,7 @@ static int doc_ok(why *w, const cJSON *doc) {
     }
     const char *v = schema->valuestring + strlen(prefix);   // /1 to this build's: read; a later one: newer; "/-1", "/x": nothing known
     int number = *v >= '1' && *v <= '9' && v[strspn(v, "0123456789")] == 0 && strlen(v) < 6, version = number ? atoi(v) : 0;
-    if (version < GCD_REPORT_SCHEMA_OLDEST || version > atoi(GCD_REPORT_SCHEMA + strlen(prefix))) {
+    if (version < GCD_REPORT_VERSION_OLDEST || version > GCD_REPORT_VERSION) {
         snprintf(w->err, w->len, number ? "schema %.40s is newer than this gradcheck-dist (%s) reads: upgrade it" : "schema %.40s is not one this gradcheck-dist (%s) knows",
                  schema->valuestring, GCD_VERSION);
         return 0;

@@ -132,16 +132,6 @@ static cJSON *setup(const gcd_run_result *res, gcd_values values) {
     return s;
 }
 
-const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run) {
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(run, "setup"), *probe = cJSON_GetObjectItemCaseSensitive(run, "probe");
-    if (s || !cJSON_IsString(probe)) return s;
-    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(doc, "setups")) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "probe");
-        if (cJSON_IsString(name) && !strcmp(name->valuestring, probe->valuestring)) return s;
-    }
-    return NULL;
-}
-
 // the forward path from the parameter to the loss: [{op, name, detached, reason}], reason only where it breaks
 static cJSON *path(const gcd_run_result *res, const gcd_param_result *p) {
     const char *names[GCD_MAX_PARAMS];
