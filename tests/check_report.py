@@ -53,8 +53,8 @@ def check_values(report):
     limit = None if values.get("full") or report["schema"].endswith("/1") else values.get("limit")
     fields = []  # (where, shape, value)
     for s in report.get("setups", []) + [r["setup"] for r in report["runs"] if "setup" in r]:
-        fields += [(f"setup {s.get('probe')} {p['name']} init", p["shape"], p["init"]) for p in s["params"]]
-        fields += [(f"setup {s.get('probe')} rank {r['rank']} {t['name']}", t["shape"], t["data"]) for r in s["inputs"] for t in r["tensors"]]
+        fields += [(f"setup {s.get('probe', '(schema /1)')} {p['name']} init", p["shape"], p["init"]) for p in s["params"]]
+        fields += [(f"setup {s.get('probe', '(schema /1)')} rank {r['rank']} {t['name']}", t["shape"], t["data"]) for r in s["inputs"] for t in r["tensors"]]
     for run in report["runs"]:
         for p in run["params"]:
             where = f"{run['probe']} {run['mode']} {p['name']}"
