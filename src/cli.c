@@ -61,6 +61,7 @@ static const char usage_run[] =
     "  --no-json            write no report\n"
     "  --junit PATH|-       also write the result as JUnit XML for CI (also with --no-json)\n"
     "  --summary-only       leave tensor values out of the report, keep the statuses\n"
+    "  --full               every tensor's values (default: one over 4096 elements as its norm and first 16)\n"
     "progress goes to stderr: a live line on a terminal, else one line per probe and mode\n"
     "\n"
     "gather modes:\n"
@@ -111,7 +112,7 @@ typedef struct {
     int steps;
     double lr;
     const char *hostfile, *json, *backend, *junit;
-    int no_json, summary_only;
+    int no_json, summary_only, full;
     double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
 
@@ -240,7 +241,7 @@ static int parse_run(int argc, char **argv, options *o) {
                                               "--json", "--timeout", "--junit", NULL },
                                  *const known[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
                                               "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--local-loss", "--help", NULL };
+                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--full", "--local-loss", "--help", NULL };
         int takes = 0;
         for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
         if (takes) {
@@ -288,12 +289,14 @@ static int parse_run(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--junit")) o->junit = v;
         else if (!strcmp(flag, "--no-json")) o->no_json = 1;
         else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
+        else if (!strcmp(flag, "--full")) o->full = 1;
         else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
         else return unknown("unknown option", flag, known);
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");
     if (o->no_json && o->summary_only) return bad("--summary-only", "%s", "conflicts with --no-json: there is no report to leave values out of");
+    if (o->full && o->summary_only) return bad("--full", "%s", "conflicts with --summary-only");
     if (!o->no_json && report_path_ok("--json", o->json)) return 2;
     if (o->junit && junit_path_ok(o->junit, o->json)) return 2;
     if (o->cfg.local_loss && !strcmp(o->probe, "simplenet")) return bad("--local-loss", "%s", "applies to the contrastive probe only");
@@ -806,6 +809,15 @@ static int rank_exit(int root, int code) {
     return 0;
 }
 
+// The tensor values a run's document holds. The table and every rendering read only statuses and
+// figures; the values are for the JSON file alone, so without one the document holds none (at
+// contrastive B=512 they were most of the peak memory). A consumer that needs values (none yet:
+// --junit reads statuses) joins the first test here.
+static gcd_values report_values(const options *o) {
+    if (o->no_json || o->summary_only) return GCD_VALUES_NONE;
+    return o->full ? GCD_VALUES_FULL : GCD_VALUES_LIMITED;
+}
+
 static int run_rank(const options *o, int argc, char **argv) {
     char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
     for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
@@ -885,7 +897,7 @@ static int run_rank(const options *o, int argc, char **argv) {
             if (root) {
                 progress_done(ro.steps);
                 int test = o->mode_given || ro.mode == GCD_GATHER_ON;
-                gcd_report_add_run(job.doc, &res, test ? "test" : "control", o->summary_only);
+                gcd_report_add_run(job.doc, &res, test ? "test" : "control", report_values(o));
                 all_met &= expect(job.doc, &res, pr, test);
             }
             gcd_run_result_free(&res);

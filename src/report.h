@@ -1,5 +1,5 @@
 /*
- * report: the JSON document a run leaves behind (schema gradcheck-dist.report/1, built with cJSON)
+ * report: the JSON document a run leaves behind (schema gradcheck-dist.report/2, built with cJSON)
  * and its renderings. Every rendering, the table `run` prints included, is made from the document,
  * so `report FILE` shows exactly what the run showed. Reports read results; they never run a probe.
  */
@@ -9,7 +9,17 @@
 #include "check.h"
 #include "run.h"
 
-#define GCD_REPORT_SCHEMA "gradcheck-dist.report/1"
+#define GCD_REPORT_VERSION 2          // written; /1 (a setup in every run, every value) is still read
+#define GCD_REPORT_VERSION_OLDEST 1
+#define GCD_REPORT_STR_(x) #x
+#define GCD_REPORT_STR(x) GCD_REPORT_STR_(x)
+#define GCD_REPORT_SCHEMA "gradcheck-dist.report/" GCD_REPORT_STR(GCD_REPORT_VERSION)
+
+// Tensor values in a run's report: with more elements than GCD_VALUES_LIMIT a tensor is written as
+// {"elided": true, "numel", "norm", "first": [its first GCD_VALUES_FIRST values]} unless --full.
+#define GCD_VALUES_LIMIT 4096
+#define GCD_VALUES_FIRST 16
+typedef enum { GCD_VALUES_LIMITED = 0, GCD_VALUES_NONE = 1, GCD_VALUES_FULL = 2 } gcd_values;   // default, --summary-only, --full
 
 typedef struct {
     const char *backend;
@@ -26,8 +36,9 @@ typedef struct {
 // building (report_json.c)
 
 cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
-// role: "test" (the configuration under test) or "control"
-void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only);
+// role: "test" (the configuration under test) or "control". The probe's setup (initial weights, every
+// rank's inputs) goes once into the top-level "setups", with the first run of that probe.
+void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, gcd_values values);
 // check: the dumps, their sha256, and each parameter's figures; sets the report's tolerance
 void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
@@ -45,6 +56,9 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len);
 // The same from memory (name: for the messages).
 cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len);
 double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
+// A run's setup, from either the run itself (schema /1) or the top-level "setups" entry of its probe
+// (/2); NULL when it has none (check runs). In report_io.c, which the renderings and the fuzz target link.
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 
 // ----------------------------------------------------------------------------
 // renderings: malloc'd text

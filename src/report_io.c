@@ -27,18 +27,40 @@ double gcd_json_num(const cJSON *v) {
     return NAN;
 }
 
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(run, "setup"), *probe = cJSON_GetObjectItemCaseSensitive(run, "probe");
+    if (s || !cJSON_IsString(probe)) return s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(doc, "setups")) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "probe");
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, probe->valuestring)) return s;
+    }
+    return NULL;
+}
+
 // ----------------------------------------------------------------------------
 // printing: every double in its shortest form that reads back bit-exact (cJSON_Print stops at 15
-// digits when that is "close enough"); arrays of plain values on one line
+// digits when that is "close enough"); arrays of plain values on one line. Into a file the text is
+// streamed, 64 KiB at a time: a --full report is never held twice, as a tree and as text.
+
+typedef struct {
+    gcd_sb b;
+    FILE *f;   // NULL: the whole text stays in b
+    int ok;    // every fwrite wrote all it was given
+} printer;
+
+static void spill(printer *p, size_t at_least) {
+    if (!p->f || p->b.len < at_least || !p->b.len) return;
+    p->ok &= fwrite(p->b.s, 1, p->b.len, p->f) == p->b.len;
+    p->b.len = 0;
+}
 
 static void print_num(gcd_sb *b, double v) {
     char buf[32];
-    if (!isfinite(v)) return gcd_sb_printf(b, "null");   // the builders never store these as numbers
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    gcd_sb_printf(b, "%s", buf);
+    if (!isfinite(v)) return gcd_sb_append(b, "null", 4);   // the builders never store these as numbers
+    int k = 0;
+    for (int digits = 15; digits <= 17; digits++)   // 17 digits always read back
+        if ((k = snprintf(buf, sizeof buf, "%.*g", digits, v)), digits == 17 || strtod(buf, NULL) == v) break;
+    gcd_sb_append(b, buf, (size_t)k);
 }
 
 static void print_str(gcd_sb *b, const char *s) {
@@ -56,7 +78,8 @@ static void print_str(gcd_sb *b, const char *s) {
     gcd_sb_append(b, "\"", 1);
 }
 
-static void print_value(gcd_sb *b, const cJSON *v, int depth) {
+static void print_value(printer *p, const cJSON *v, int depth) {
+    gcd_sb *b = &p->b;
     if (cJSON_IsNull(v) || cJSON_IsInvalid(v)) gcd_sb_printf(b, "null");
     else if (cJSON_IsTrue(v)) gcd_sb_printf(b, "true");
     else if (cJSON_IsFalse(v)) gcd_sb_printf(b, "false");
@@ -70,10 +93,12 @@ static void print_value(gcd_sb *b, const cJSON *v, int depth) {
         gcd_sb_printf(b, "%c", object ? '{' : '[');
         int i = 0;
         cJSON_ArrayForEach(c, v) {
-            if (flat) gcd_sb_printf(b, "%s", i++ ? ", " : "");
-            else gcd_sb_printf(b, "%s\n%*s", i++ ? "," : "", 2 * (depth + 1), "");
+            if (!flat) gcd_sb_printf(b, "%s\n%*s", i ? "," : "", 2 * (depth + 1), "");
+            else if (i) gcd_sb_append(b, ", ", 2);
+            i++;
             if (object) print_str(b, c->string), gcd_sb_printf(b, ": ");
-            print_value(b, c, depth + 1);
+            print_value(p, c, depth + 1);
+            spill(p, 1 << 16);
         }
         if (!flat && i) gcd_sb_printf(b, "\n%*s", 2 * depth, "");
         gcd_sb_printf(b, "%c", object ? '}' : ']');
@@ -81,18 +106,30 @@ static void print_value(gcd_sb *b, const cJSON *v, int depth) {
 }
 
 char *gcd_json_print(const cJSON *doc) {
-    gcd_sb b = { 0 };
-    print_value(&b, doc, 0);
-    return b.s;
+    printer p = { .ok = 1 };
+    print_value(&p, doc, 0);
+    return p.b.s;
+}
+
+// the text and a newline into f; 0 when a write failed (errno says why)
+static int print_to(const cJSON *doc, FILE *f) {
+    printer p = { .f = f, .ok = 1 };
+    print_value(&p, doc, 0);
+    gcd_sb_append(&p.b, "\n", 1);
+    spill(&p, 0);
+    gcd_sb_free(&p.b);
+    return p.ok;
 }
 
 // ----------------------------------------------------------------------------
 // writing: whole or not at all
 
 // Straight into what is at path: a device, a FIFO, stdout. ENOSPC and short writes are errors.
-static int write_direct(const char *text, const char *what, const char *path, char *err, size_t len) {
+static int emit(const cJSON *doc, const char *text, FILE *f) { return doc ? print_to(doc, f) : fputs(text, f) >= 0; }
+
+static int write_direct(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len) {
     FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
-    int ok = f && fputs(text, f) >= 0 && fflush(f) == 0;
+    int ok = f && emit(doc, text, f) && fflush(f) == 0;
     int saved = errno;
     if (f && f != stdout) ok &= fclose(f) == 0;
     if (!ok) snprintf(err, len, "%s: cannot write %s: %s", what, strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
@@ -120,16 +157,18 @@ static void remove_stale_temporaries(const char *path) {
     if (d) closedir(d);
 }
 
+static int write_file(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len);
+
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len) {
-    gcd_sb b = { 0 };
-    print_value(&b, doc, 0);
-    gcd_sb_append(&b, "\n", 1);
-    int rc = gcd_text_write(b.s, "report", path, err, len);
-    gcd_sb_free(&b);
-    return rc;
+    return write_file(doc, NULL, "report", path, err, len);
 }
 
 int gcd_text_write(const char *text, const char *what, const char *path, char *err, size_t len) {
+    return write_file(NULL, text, what, path, err, len);
+}
+
+// doc printed, or text as it is, into path: whole or not at all
+static int write_file(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len) {
     struct stat st;
     char *real = NULL;
     if (strcmp(path, "-") && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   // a link: its target is what is replaced
@@ -149,7 +188,7 @@ int gcd_text_write(const char *text, const char *what, const char *path, char *e
         if (real) path = real;
     }
     if (!strcmp(path, "-") || (stat(path, &st) == 0 && !S_ISREG(st.st_mode))) {   // never renamed over, never removed
-        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "%s: %s is a directory", what, path), -1) : write_direct(text, what, path, err, len);
+        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "%s: %s is a directory", what, path), -1) : write_direct(doc, text, what, path, err, len);
         free(real);
         return rc;
     }
@@ -159,7 +198,7 @@ int gcd_text_write(const char *text, const char *what, const char *path, char *e
     sprintf(tmp, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
-    int ok = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int ok = f && emit(doc, text, f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int saved = errno;
     if (f) ok &= fclose(f) == 0;
     else if (fd >= 0) close(fd);
@@ -222,12 +261,50 @@ static int shape_ok(why *w, const cJSON *p, const char *path, double *n) {
     return *n <= 1099511627776.0 ? 1 : bad(w, path, "shape", "its element count is over 2^40");
 }
 
-// values: null, or an array of n numbers (or "nan", "inf", "-inf")
+static int number_ok(const cJSON *x) { return cJSON_IsNumber(x) || cJSON_IsString(x); }
+
+// values: null, an array of n numbers (or "nan", "inf", "-inf"), or over the limit an elided tensor
+// {"elided": true, "numel": n, "norm", "first": [at most GCD_VALUES_FIRST numbers]}
 static int values_ok(why *w, const cJSON *v, const char *path, const char *k, double n) {
     if (!v || cJSON_IsNull(v)) return 1;
+    if (cJSON_IsObject(v)) {
+        const cJSON *numel = key(v, "numel"), *first = key(v, "first"), *x;
+        if (!cJSON_IsTrue(key(v, "elided")) || !cJSON_IsNumber(numel) || numel->valuedouble != n || !number_ok(key(v, "norm")) ||
+            !cJSON_IsArray(first) || cJSON_GetArraySize(first) > GCD_VALUES_FIRST || cJSON_GetArraySize(first) > n)
+            return bad(w, path, k, "not an elided tensor {elided: true, numel: as many values as the shape holds, norm, first: at most 16 values}");
+        cJSON_ArrayForEach(x, first) if (!number_ok(x)) return bad(w, path, k, "holds a value that is not a number");
+        return 1;
+    }
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) return bad(w, path, k, "not an array of as many values as the shape holds");
     const cJSON *x;
-    cJSON_ArrayForEach(x, v) if (!cJSON_IsNumber(x) && !cJSON_IsString(x)) return bad(w, path, k, "holds a value that is not a number");
+    cJSON_ArrayForEach(x, v) if (!number_ok(x)) return bad(w, path, k, "holds a value that is not a number");
+    return 1;
+}
+
+// a probe's setup: {params: [{name, shape, init}], inputs: [{rank, tensors: [{name, shape, data}]}]}
+static int setup_ok(why *w, const cJSON *s, const char *path) {
+    if (!cJSON_IsObject(s)) return bad(w, path, NULL, "not an object");
+    if (!need(w, s, path, "params", cJSON_IsArray) || !need(w, s, path, "inputs", cJSON_IsArray)) return 0;
+    char at[192];
+    const cJSON *p, *r, *t;
+    int i = 0;
+    cJSON_ArrayForEach(p, key(s, "params")) {
+        double n;
+        snprintf(at, sizeof at, "%s.params[%d]", path, i++);
+        if (!cJSON_IsObject(p) || !need(w, p, at, "name", cJSON_IsString) || !shape_ok(w, p, at, &n) || !values_ok(w, key(p, "init"), at, "init", n)) return 0;
+    }
+    i = 0;
+    cJSON_ArrayForEach(r, key(s, "inputs")) {
+        snprintf(at, sizeof at, "%s.inputs[%d]", path, i++);
+        if (!cJSON_IsObject(r) || !need(w, r, at, "tensors", cJSON_IsArray)) return bad(w, at, "tensors", "missing or of the wrong type");
+        int j = 0;
+        cJSON_ArrayForEach(t, key(r, "tensors")) {
+            double n;
+            char tat[224];
+            snprintf(tat, sizeof tat, "%s.tensors[%d]", at, j++);
+            if (!cJSON_IsObject(t) || !need(w, t, tat, "name", cJSON_IsString) || !shape_ok(w, t, tat, &n) || !values_ok(w, key(t, "data"), tat, "data", n)) return 0;
+        }
+    }
     return 1;
 }
 
@@ -241,6 +318,8 @@ static int run_ok(why *w, const cJSON *run, const char *path, int world) {
     int W = (int)key(run, "world")->valuedouble;
     if (W != world) return bad(w, path, "world", "differs from environment.world");
     char at[160];
+    snprintf(at, sizeof at, "%s.setup", path);
+    if (key(run, "setup") && !setup_ok(w, key(run, "setup"), at)) return 0;   // schema /1
     if (!check) {
         const cJSON *loss = key(run, "loss"), *row;
         snprintf(at, sizeof at, "%s.loss", path);
@@ -284,10 +363,10 @@ static int doc_ok(why *w, const cJSON *doc) {
         snprintf(w->err, w->len, "not a gradcheck-dist report (no \"schema\": \"%s\")", GCD_REPORT_SCHEMA);
         return 0;
     }
-    if (strcmp(schema->valuestring, GCD_REPORT_SCHEMA)) {   // exactly this one: "/2" is newer, "/-1" or "/x" nothing known
-        const char *v = schema->valuestring + strlen(prefix);
-        int newer = *v >= '1' && *v <= '9' && v[strspn(v, "0123456789")] == 0;
-        snprintf(w->err, w->len, newer ? "schema %.40s is newer than this gradcheck-dist (%s) reads: upgrade it" : "schema %.40s is not one this gradcheck-dist (%s) knows",
+    const char *v = schema->valuestring + strlen(prefix);   // /1 to this build's: read; a later one: newer; "/-1", "/x": nothing known
+    int number = *v >= '1' && *v <= '9' && v[strspn(v, "0123456789")] == 0 && strlen(v) < 6, version = number ? atoi(v) : 0;
+    if (version < GCD_REPORT_VERSION_OLDEST || version > GCD_REPORT_VERSION) {
+        snprintf(w->err, w->len, number ? "schema %.40s is newer than this gradcheck-dist (%s) reads: upgrade it" : "schema %.40s is not one this gradcheck-dist (%s) knows",
                  schema->valuestring, GCD_VERSION);
         return 0;
     }
@@ -296,7 +375,14 @@ static int doc_ok(why *w, const cJSON *doc) {
           whole(w, key(doc, "environment"), "environment", "world", 1, 65536, 0)))
         return 0;
     int world = (int)key(key(doc, "environment"), "world")->valuedouble, i = 0;
-    const cJSON *run, *e;
+    const cJSON *run, *e, *setups = key(doc, "setups");
+    if (setups && !cJSON_IsArray(setups)) return bad(w, "", "setups", "not an array");
+    cJSON_ArrayForEach(e, setups) {
+        char at[32];
+        snprintf(at, sizeof at, "setups[%d]", i++);
+        if (!setup_ok(w, e, at) || !need(w, e, at, "probe", cJSON_IsString)) return 0;
+    }
+    i = 0;
     cJSON_ArrayForEach(run, key(doc, "runs")) {
         char at[32];
         snprintf(at, sizeof at, "runs[%d]", i++);

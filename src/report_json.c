@@ -44,6 +44,21 @@ static cJSON *nums(const double *v, size_t n) {
     return a;
 }
 
+// a tensor's values: all of them, none (--summary-only), or over the limit without --full a summary:
+// {"elided": true, "numel": n, "norm": ||v||, "first": [v[0], ..., v[15]]}
+static cJSON *tensor(const double *v, size_t n, gcd_values values) {
+    if (values == GCD_VALUES_NONE) return cJSON_CreateNull();
+    if (values == GCD_VALUES_FULL || n <= GCD_VALUES_LIMIT) return nums(v, n);
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += v[i] * v[i];
+    cJSON *o = chk(cJSON_CreateObject());
+    put(o, "elided", cJSON_CreateTrue());
+    put(o, "numel", cJSON_CreateNumber((double)n));
+    put(o, "norm", num(sqrt(ss)));
+    put(o, "first", nums(v, GCD_VALUES_FIRST));
+    return o;
+}
+
 static cJSON *shape(int ndim, const int *s) {
     cJSON *a = chk(cJSON_CreateArray());
     for (int i = 0; i < ndim; i++) push(a, cJSON_CreateNumber(s[i]));
@@ -89,15 +104,18 @@ cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env) {
     return doc;
 }
 
-static cJSON *setup(const gcd_run_result *res, int summary_only) {
+// what another framework needs to replay a probe: its initial weights and every rank's inputs. The same
+// for every mode of the probe (one configuration per invocation), so written once, keyed by the probe.
+static cJSON *setup(const gcd_run_result *res, gcd_values values) {
     cJSON *s = chk(cJSON_CreateObject());
+    put(s, "probe", cJSON_CreateString(res->probe));
     cJSON *ps = put(s, "params", cJSON_CreateArray());
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
         cJSON *o = push(ps, cJSON_CreateObject());
         put(o, "name", cJSON_CreateString(p->name));
         put(o, "shape", shape(p->ndim, p->shape));
-        put(o, "init", summary_only ? cJSON_CreateNull() : nums(p->init, p->n));
+        put(o, "init", tensor(p->init, p->n, values));
     }
     cJSON *ins = put(s, "inputs", cJSON_CreateArray());
     for (int k = 0; k < res->world; k++) {
@@ -108,7 +126,7 @@ static cJSON *setup(const gcd_run_result *res, int summary_only) {
             cJSON *t = push(ts, cJSON_CreateObject());
             put(t, "name", cJSON_CreateString(res->input_name[j]));
             put(t, "shape", shape(res->input_ndim[j], res->input_shape[j]));
-            put(t, "data", summary_only ? cJSON_CreateNull() : nums(res->inputs[j] + (size_t)k * res->input_n[j], res->input_n[j]));
+            put(t, "data", tensor(res->inputs[j] + (size_t)k * res->input_n[j], res->input_n[j], values));
         }
     }
     return s;
@@ -131,7 +149,7 @@ static cJSON *path(const gcd_run_result *res, const gcd_param_result *p) {
     return a;
 }
 
-static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int summary_only) {
+static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, gcd_values values) {
     cJSON *o = chk(cJSON_CreateObject());
     int none = p->status == GCD_ST_NONE;
     put(o, "name", cJSON_CreateString(p->name));
@@ -148,12 +166,12 @@ static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, int su
     put(o, "moved_any", cJSON_CreateBool(p->moved_any));
     put(o, "path", path(res, p));
     put(o, "breaks_at", p->breaks_at >= 0 && p->breaks_at < p->path.n ? cJSON_CreateNumber(p->breaks_at) : cJSON_CreateNull());
-    if (summary_only) return o;
+    if (values == GCD_VALUES_NONE) return o;
     cJSON *local = put(o, "local", cJSON_CreateArray());
     for (int k = 0; k < res->world; k++)
-        push(local, p->has[k] ? nums(p->local + (size_t)k * p->n, p->n) : cJSON_CreateNull());
-    put(o, "reduced", p->reduced ? nums(p->reduced, p->n) : cJSON_CreateNull());
-    put(o, "reference", nums(p->reference, p->n));
+        push(local, p->has[k] ? tensor(p->local + (size_t)k * p->n, p->n, values) : cJSON_CreateNull());
+    put(o, "reduced", p->reduced ? tensor(p->reduced, p->n, values) : cJSON_CreateNull());
+    put(o, "reference", tensor(p->reference, p->n, values));
     return o;
 }
 
@@ -183,7 +201,25 @@ static void add_findings(cJSON *run, const gcd_run_result *res) {
     }
 }
 
-void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, int summary_only) {
+// what the document says of its values, once: how many a tensor may have before it is elided
+static void values_note(cJSON *doc, gcd_values values) {
+    if (cJSON_GetObjectItem(doc, "values")) return;
+    cJSON *v = put(doc, "values", cJSON_CreateObject());
+    put(v, "limit", values == GCD_VALUES_LIMITED ? cJSON_CreateNumber(GCD_VALUES_LIMIT) : cJSON_CreateNull());
+    put(v, "full", cJSON_CreateBool(values == GCD_VALUES_FULL));
+    put(v, "summary_only", cJSON_CreateBool(values == GCD_VALUES_NONE));
+    char note[160];
+    if (values == GCD_VALUES_NONE) snprintf(note, sizeof note, "--summary-only: no tensor values, only their statuses and norms");
+    else if (values == GCD_VALUES_FULL) snprintf(note, sizeof note, "--full: every tensor's values");
+    else snprintf(note, sizeof note, "a tensor of more than %d elements is written as {elided, numel, norm, first: its first %d values}; "
+                  "run with --full for every value", GCD_VALUES_LIMIT, GCD_VALUES_FIRST);
+    put(v, "note", cJSON_CreateString(note));
+}
+
+void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, gcd_values values) {
+    values_note(doc, values);
+    cJSON *setups = cJSON_GetObjectItem(doc, "setups");
+    if (!setups) setups = put(doc, "setups", cJSON_CreateArray());
     cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
     put(r, "probe", cJSON_CreateString(res->probe));
     put(r, "mode", cJSON_CreateString(gcd_gather_mode_name(res->mode)));
@@ -201,14 +237,14 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
     put(dims, "dim_img", cJSON_CreateNumber(res->cfg.dim_img));
     put(dims, "dim_txt", cJSON_CreateNumber(res->cfg.dim_txt));
     put(dims, "dim_emb", cJSON_CreateNumber(res->cfg.dim_emb));
-    put(r, "setup", setup(res, summary_only));
+    if (!gcd_report_run_setup(doc, r)) push(setups, setup(res, values));
     cJSON *loss = put(r, "loss", cJSON_CreateObject());
     put(loss, "per_rank", nums(res->loss, (size_t)res->world));
     cJSON *steps = put(loss, "per_step", cJSON_CreateArray());
     for (int s = 0; s < res->nloss && res->steps > 0; s++) push(steps, nums(res->loss + (size_t)s * res->world, (size_t)res->world));
     put(loss, "reference", num(res->ref_loss));
     cJSON *ps = put(r, "params", cJSON_CreateArray());
-    for (int i = 0; i < res->nparam; i++) push(ps, param(res, &res->param[i], summary_only));
+    for (int i = 0; i < res->nparam; i++) push(ps, param(res, &res->param[i], values));
     add_findings(r, res);
 }
 

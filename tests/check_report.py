@@ -6,7 +6,11 @@ usage: check_report.py SCHEMA REPORT [TEXT]
 - every DDP-mean gradient equals the mean of the per-rank gradients, and its norm the one reported;
 - the text table (if given) shows the status and norm the JSON holds, cell by cell;
 - every run's reference gradient equals central differences of the objective recomputed here in
-  numpy from the report's replay setup alone (params' init values, every rank's inputs).
+  numpy from the report's replay setup alone (params' init values, every rank's inputs), at up to
+  256 coordinates of each parameter;
+- schema /2: one setup per probe in the top-level "setups" and none in the runs (/1: one in every
+  run); a tensor over the limit elided ({elided, numel, norm, first}) unless the report says --full,
+  and none at or under it.
 Prints the first differing values and exits non-zero on any failure.
 """
 import json
@@ -30,6 +34,53 @@ def num(v):
 
 def arr(values, shape):
     return np.array([num(v) for v in values], dtype=np.float64).reshape(shape)
+
+
+def elided(v):
+    return isinstance(v, dict) and v.get("elided") is True
+
+
+def run_setup(report, run):
+    """the run's setup: in the run (schema /1) or the top-level "setups" entry of its probe (/2)"""
+    if "setup" in run:
+        return run["setup"]
+    return next((s for s in report.get("setups", []) if s["probe"] == run["probe"]), None)
+
+
+def check_values(report):
+    """every tensor-valued field elided exactly when it must be, and its summary true to its shape"""
+    values = report.get("values") or {}
+    limit = None if values.get("full") or report["schema"].endswith("/1") else values.get("limit")
+    fields = []  # (where, shape, value)
+    for s in report.get("setups", []) + [r["setup"] for r in report["runs"] if "setup" in r]:
+        fields += [(f"setup {s.get('probe', '(schema /1)')} {p['name']} init", p["shape"], p["init"]) for p in s["params"]]
+        fields += [(f"setup {s.get('probe', '(schema /1)')} rank {r['rank']} {t['name']}", t["shape"], t["data"]) for r in s["inputs"] for t in r["tensors"]]
+    for run in report["runs"]:
+        for p in run["params"]:
+            where = f"{run['probe']} {run['mode']} {p['name']}"
+            fields += [(f"{where} {k}", p["shape"], p.get(k)) for k in ("reduced", "reference")]
+            fields += [(f"{where} local[{k}]", p["shape"], v) for k, v in enumerate(p.get("local") or [])]
+    n_elided = 0
+    for where, shape, v in fields:
+        if v is None or shape is None:
+            continue
+        n = int(np.prod(shape))
+        if (limit is not None and n > limit) != elided(v):
+            fail(f"{where}: {n} elements, limit {limit}: {'elided' if elided(v) else 'written whole'}")
+        elif elided(v):
+            n_elided += 1
+            if v["numel"] != n or len(v["first"]) != min(16, n):
+                fail(f"{where}: elided numel {v['numel']}, {len(v['first'])} first values for shape {shape}")
+        elif len(v) != n:
+            fail(f"{where}: {len(v)} values for shape {shape}")
+    if report["schema"].endswith("/1"):
+        if any("setup" not in r for r in report["runs"] if r["probe"] != "check"):
+            fail("schema /1: a run without its setup")
+    else:
+        probes = [s["probe"] for s in report.get("setups", [])]
+        if sorted(probes) != sorted({r["probe"] for r in report["runs"] if r["probe"] != "check"}) or any("setup" in r for r in report["runs"]):
+            fail(f"schema /2: setups for {probes}, not one per probe run, or a setup inside a run")
+    return n_elided
 
 
 # ---------------------------------------------------------------------------- objectives in numpy
@@ -70,8 +121,7 @@ def objective(run, P, inputs):
     return np.mean(losses)
 
 
-def check_reference(run):
-    setup = run["setup"]
+def check_reference(run, setup):
     P = {p["name"]: arr(p["init"], p["shape"]) for p in setup["params"]}
     inputs = [{t["name"]: arr(t["data"], t["shape"]) for t in r["tensors"]} for r in setup["inputs"]]
     f0 = objective(run, P, inputs)
@@ -81,8 +131,8 @@ def check_reference(run):
     for p in run["params"]:
         ref = arr(p["reference"], p["shape"] or ())
         x = P[p["name"]]
-        fd = np.zeros_like(ref)
-        for i in np.ndindex(x.shape):
+        fd = ref.copy()  # central differences at up to 256 coordinates, evenly spread (all of a small tensor)
+        for i in [np.unravel_index(j, x.shape) for j in np.unique(np.linspace(0, x.size - 1, min(x.size, 256)).astype(int))] if x.size else []:
             x0 = x[i]
             x[i] = x0 + eps
             fp = objective(run, P, inputs)
@@ -136,19 +186,26 @@ def main():
                 if any(l is not None for l in p["local"]):
                     fail(f"{p['name']}: reduced is None but a rank has a gradient")
                 continue
+            if elided(p["reduced"]):  # the norm is what an elided tensor keeps
+                if abs(num(p["reduced"]["norm"]) - num(p["norm"])) > 1e-14 * abs(num(p["norm"])):
+                    fail(f"{p['name']}: elided reduced norm {p['reduced']['norm']} != norm {p['norm']}")
+                continue
             local = np.array([[num(v) for v in l] if l is not None else [0.0] * len(p["reduced"]) for l in p["local"]])
             mean, red = local.mean(axis=0), np.array([num(v) for v in p["reduced"]])
             if np.abs(mean - red).max() > 1e-14 * max(1e-300, np.abs(local).max()):  # summation order only
                 fail(f"{run['probe']} {run['mode']} {p['name']}: reduced {red} != mean of local {mean}")
             if abs(np.linalg.norm(red) - num(p["norm"])) > 1e-14 * np.linalg.norm(red):
                 fail(f"{p['name']}: norm {p['norm']} != ||reduced|| {np.linalg.norm(red)}")
-        if run["setup"]["params"][0]["init"] is not None:
-            worst = max(worst, check_reference(run))
+        setup = run_setup(report, run)
+        whole = [setup["params"][0]["init"]] + [t["data"] for r in setup["inputs"] for t in r["tensors"]] + [p.get("reference") for p in run["params"]]
+        if all(v is not None and not elided(v) for v in whole):
+            worst = max(worst, check_reference(run, setup))
             checked += 1
+    n_elided = check_values(report)
     if len(sys.argv) > 3:
         check_table(report, open(sys.argv[3]).read())
     print(f"check_report: {len(report['runs'])} runs, {checked} references against numpy central differences "
-          f"(worst {worst:.1e}), {failures} failure(s)")
+          f"(worst {worst:.1e}), {n_elided} elided tensors, {failures} failure(s)")
     sys.exit(1 if failures else 0)
 
 

@@ -46,7 +46,8 @@ if [ "$target" = safetensors ]; then
 else   # real reports of every kind, and the edges that once crashed a rendering
     [ -x "$gcd" ] || fail "the report target needs GRADCHECK_DIST (4th argument) to write its seeds"
     (cd "$build/seeds" && "$gcd" run --world 1 --json run1.json >/dev/null 2>&1 && "$gcd" run --world 2 --probe contrastive --steps 3 \
-        --local-loss --json steps.json >/dev/null 2>&1 && "$gcd" run --world 2 --probe simplenet --summary-only --json summary.json >/dev/null 2>&1) ||
+        --local-loss --json steps.json >/dev/null 2>&1 && "$gcd" run --world 2 --probe simplenet --summary-only --json summary.json >/dev/null 2>&1 &&
+        "$gcd" run --world 2 --probe contrastive --mode on --batch 3 --dim-img 1400 --json elided.json >/dev/null 2>&1) ||
         fail "gradcheck-dist could not write the seed reports"
     "$python" - "$build/seeds" <<'PY' || fail "the edge seeds could not be written"
 import json, sys, os
@@ -57,6 +58,13 @@ json.dump(r, open(os.path.join(d, "inf_steps.json"), "w"))
 r["command"] = ["gradcheck-dist", "run", "a\n```\nb", "`x`", "'q'"]
 r["runs"][0]["findings"][0]["message"] = "<&\"'>\u0001\udcff"
 json.dump(r, open(os.path.join(d, "escapes.json"), "w"))
+r = json.load(open(os.path.join(d, "run1.json")))   # schema /1: the setup in every run
+setups = {s.pop("probe"): s for s in r.pop("setups")}
+r.pop("values")
+r["schema"] = "gradcheck-dist.report/1"
+for run in r["runs"]:
+    run["setup"] = setups[run["probe"]]
+json.dump(r, open(os.path.join(d, "schema1.json"), "w"))
 PY
 fi
 

@@ -15,6 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];
     cJSON *doc = gcd_report_parse((const char *)data, size, "fuzz", err, sizeof err);
     if (!doc) return 0;
+    const cJSON *run;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(doc, "runs")) gcd_report_run_setup(doc, run);
     char *out[3] = { gcd_render_text(doc), gcd_render_md(doc), gcd_render_junit(doc) };
     for (int i = 0; i < 3; i++) free(out[i]);
     char *json = gcd_json_print(doc);

@@ -237,7 +237,7 @@ rc=$?
 # ---- bad report files: exit 2, one line, the file named
 echo '{"hello": 1}' >foreign.json
 head -c 300 run.json >truncated.json
-sed 's#gradcheck-dist.report/1#gradcheck-dist.report/9#' run.json >newer.json
+sed 's#gradcheck-dist.report/[0-9]*#gradcheck-dist.report/9#' run.json >newer.json
 for f in foreign.json truncated.json newer.json missing.json; do
     out=$("$G" report "$f" 2>&1) && rc=0 || rc=$?
     [ $rc = 2 ] || fail "report $f exited $rc, expected 2"

@@ -1,5 +1,7 @@
 // The JSON report without MPI: non-finite gradients written as strings and read back, a writer
-// killed between its temporary file and the rename, and reports that are truncated, foreign or newer.
+// killed between its temporary file and the rename, and reports that are truncated, foreign or newer;
+// a probe's setup once in the document, tensors elided above 4096 elements unless --full, and reports
+// of schema /1 (a setup in every run) still read and rendered alike.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #include "check.h"
 #include "report.h"
+#include "report_render.h"
 #include "verdict.h"
 
 // The report writer's rename, interposed: a child with kill_in_rename set dies right there.
@@ -155,7 +158,7 @@ static void bad_reports_should_be_rejected(void) {
     load_should_reject("array.json", "[1, 2, 3]", 9, "not a gradcheck-dist report");
     load_should_reject("empty.json", "", 0, "not a gradcheck-dist report");
     load_should_reject("binary.json", "\0\1\2", 3, "not a gradcheck-dist report");
-    cJSON_ReplaceItemInObject(doc, "schema", cJSON_CreateString("gradcheck-dist.report/2"));
+    cJSON_ReplaceItemInObject(doc, "schema", cJSON_CreateString("gradcheck-dist.report/3"));
     char *newer = cJSON_Print(doc);
     load_should_reject("newer.json", newer, strlen(newer), "newer");
     cJSON_DeleteItemFromObject(doc, "schema");
@@ -207,12 +210,172 @@ static void numbers_should_round_trip_exactly(void) {
     cJSON_Delete(doc);
 }
 
+// ----------------------------------------------------------------------------
+// setups once per probe; values elided above the limit; schema /1 still read
+
+// two ranks of "contrastive" with a 4096- and a 4097-element parameter and input (value i + 1 at i,
+// rank k's shifted by 1e4 k; the parameters' values are rank 0's), under nmodes modes; then one run of
+// "simplenet" with a 2-element parameter
+enum { SMALL = GCD_VALUES_LIMIT, BIG = GCD_VALUES_LIMIT + 1 };
+static double vals[2][2 * BIG + 1];   // (world, SMALL) and (world, BIG): a row for every rank
+static cJSON *sized_report(gcd_values values, int nmodes) {
+    static double loss[2] = { 1, 1 };
+    static unsigned char has[2] = { 1, 1 };
+    for (int k = 0; k < 2; k++)   // vals[0]: rows of SMALL, vals[1]: of BIG
+        for (int i = 0; i < BIG; i++) vals[0][k * SMALL + i] = vals[1][k * BIG + i] = i + 1 + 1e4 * k;
+    char *argv[] = { "gradcheck-dist", "run" }, *hosts[] = { "a", "b" };
+    gcd_env env = { .backend = "mpi", .world = 2, .hostnames = hosts, .start_time = "2026-01-01T00:00:00Z" };
+    cJSON *doc = gcd_report_new(2, argv, &env);
+    for (int m = 0; m < nmodes + 1; m++) {
+        int simple = m == nmodes;
+        gcd_param_result params[2];
+        gcd_run_result res = { .probe = simple ? "simplenet" : "contrastive", .mode = simple ? GCD_GATHER_ON : m, .world = 2, .nparam = simple ? 1 : 2,
+                               .param = params, .nloss = 1, .loss = loss, .ref_loss = 1, .tol = GCD_TOL, .ninput = 2,
+                               .input_name = { "x", "y" }, .input_ndim = { 1, 1 }, .input_shape = { { SMALL }, { simple ? 3 : BIG } },
+                               .input_n = { SMALL, simple ? 3 : BIG }, .inputs = { vals[0], vals[1] } };
+        if (simple) res.inputs[0] = vals[0], res.input_n[0] = SMALL;
+        for (int i = 0; i < res.nparam; i++) {
+            size_t n = simple ? 2 : i ? BIG : SMALL;
+            params[i] = (gcd_param_result){ .name = i ? "big" : "small", .ndim = 1, .shape = { (int)n }, .n = n, .init = vals[i], .local = vals[i],
+                                            .has = has, .nhave = 2, .reduced = vals[i], .reference = vals[i], .breaks_at = -1 };
+        }
+        gcd_verdict(&res);
+        gcd_report_add_run(doc, &res, "test", values);
+    }
+    gcd_report_finish(doc, 0, NULL, 0, 0.25);
+    return doc;
+}
+
+static const cJSON *at(const cJSON *o, const char *path) {   // "runs.0.params.1.local.1"
+    char buf[128], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *k = strtok_r(buf, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(k)) : cJSON_GetObjectItemCaseSensitive(o, k);
+    return o;
+}
+
+// v: the whole array of n values starting at vals[row][k * BIG]
+static int whole_values(const cJSON *v, int n, int k) {
+    if (cJSON_GetArraySize(v) != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (cJSON_GetArrayItem(v, i)->valuedouble != i + 1 + 1e4 * k) return 0;
+    return 1;
+}
+static int elided_values(const cJSON *v, int n, int k) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (i + 1 + 1e4 * k) * (i + 1 + 1e4 * k);
+    return cJSON_IsTrue(at(v, "elided")) && gcd_json_num(at(v, "numel")) == n && close_to(gcd_json_num(at(v, "norm")), sqrt(ss), 1e-14) &&
+           whole_values(at(v, "first"), GCD_VALUES_FIRST, k);
+}
+
+static void setup_should_appear_once_per_probe(void) {
+    cJSON *doc = sized_report(GCD_VALUES_LIMITED, 3);
+    const cJSON *setups = at(doc, "setups"), *run;
+    CHECK(cJSON_GetArraySize(setups) == 2 && !strcmp(gcd_jstr(at(setups, "0"), "probe"), "contrastive") &&
+              !strcmp(gcd_jstr(at(setups, "1"), "probe"), "simplenet"),
+          "one setup per probe, in the order of their first runs: %d", cJSON_GetArraySize(setups));
+    cJSON_ArrayForEach(run, at(doc, "runs")) {
+        CHECK(!cJSON_GetObjectItem(run, "setup"), "a run repeats its setup");
+        const cJSON *s = gcd_report_run_setup(doc, run);
+        CHECK(s && !strcmp(gcd_jstr(s, "probe"), gcd_jstr(run, "probe")), "the setup of a %s run", gcd_jstr(run, "probe"));
+    }
+    cJSON_Delete(doc);
+}
+
+static void values_should_be_elided_over_the_limit(void) {
+    cJSON *doc = sized_report(GCD_VALUES_LIMITED, 1);
+    CHECK(gcd_json_num(at(doc, "values.limit")) == GCD_VALUES_LIMIT && cJSON_IsFalse(at(doc, "values.full")), "values: limit 4096, not full");
+    CHECK(whole_values(at(doc, "setups.0.params.0.init"), SMALL, 0), "init of 4096 elements: written whole");
+    CHECK(elided_values(at(doc, "setups.0.params.1.init"), BIG, 0), "init of 4097 elements: elided with numel, norm, first 16");
+    CHECK(whole_values(at(doc, "setups.0.inputs.1.tensors.0.data"), SMALL, 1), "rank 1's input of 4096: whole, rank 1's values");
+    CHECK(elided_values(at(doc, "setups.0.inputs.1.tensors.1.data"), BIG, 1), "rank 1's input of 4097: elided, rank 1's values");
+    CHECK(whole_values(at(doc, "runs.0.params.0.local.1"), SMALL, 1) && whole_values(at(doc, "runs.0.params.0.reduced"), SMALL, 0) &&
+              whole_values(at(doc, "runs.0.params.0.reference"), SMALL, 0),
+          "a 4096-element gradient: local, reduced and reference whole");
+    CHECK(elided_values(at(doc, "runs.0.params.1.local.1"), BIG, 1) && elided_values(at(doc, "runs.0.params.1.reduced"), BIG, 0) &&
+              elided_values(at(doc, "runs.0.params.1.reference"), BIG, 0),
+          "a 4097-element gradient: local, reduced and reference elided");
+    char err[512], *t1 = gcd_render_text(doc);   // and it reads back, the loader checking every elided tensor
+    CHECK(gcd_report_write(doc, path_in("elided.json"), err, sizeof err) == 0, "write: %s", err);
+    cJSON *back = gcd_report_load(path_in("elided.json"), err, sizeof err);
+    CHECK(back != NULL, "load: %s", err);
+    char *t2 = back ? gcd_render_text(back) : NULL;
+    CHECK(t2 && !strcmp(t1, t2), "the text of an elided report read back differs");
+    free(t1), free(t2), cJSON_Delete(back);
+    cJSON_ReplaceItemInObject((cJSON *)at(doc, "runs.0.params.1.reduced"), "numel", cJSON_CreateNumber(4096));
+    char *bad_numel = gcd_json_print(doc);
+    load_should_reject("bad-numel.json", bad_numel, strlen(bad_numel), "runs[0].params[1].reduced");
+    free(bad_numel);
+    cJSON_Delete(doc);
+
+    doc = sized_report(GCD_VALUES_FULL, 1);
+    CHECK(cJSON_IsTrue(at(doc, "values.full")) && cJSON_IsNull(at(doc, "values.limit")), "--full: values.full true, no limit");
+    CHECK(whole_values(at(doc, "setups.0.params.1.init"), BIG, 0) && whole_values(at(doc, "setups.0.inputs.1.tensors.1.data"), BIG, 1) &&
+              whole_values(at(doc, "runs.0.params.1.local.1"), BIG, 1) && whole_values(at(doc, "runs.0.params.1.reduced"), BIG, 0) &&
+              whole_values(at(doc, "runs.0.params.1.reference"), BIG, 0),
+          "--full: every value of the 4097-element tensors");
+    cJSON_Delete(doc);
+
+    doc = sized_report(GCD_VALUES_NONE, 1);
+    CHECK(cJSON_IsNull(at(doc, "setups.0.params.1.init")) && cJSON_IsNull(at(doc, "setups.0.inputs.0.tensors.0.data")) &&
+              !at(doc, "runs.0.params.0.local") && !at(doc, "runs.0.params.0.reduced") && !at(doc, "runs.0.params.0.reference"),
+          "--summary-only: no values at all");
+    cJSON_Delete(doc);
+}
+
+// a /2 document as /1 wrote it: the setup (without its probe) in every run, no setups, no values
+static cJSON *as_schema_1(const cJSON *doc) {
+    cJSON *old = cJSON_Duplicate(doc, 1), *run;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItem(old, "runs")) {
+        cJSON *s = cJSON_Duplicate(gcd_report_run_setup(old, run), 1);
+        cJSON_DeleteItemFromObject(s, "probe");
+        cJSON_AddItemToObject(run, "setup", s);
+    }
+    cJSON_DeleteItemFromObject(old, "setups");
+    cJSON_DeleteItemFromObject(old, "values");
+    cJSON_ReplaceItemInObject(old, "schema", cJSON_CreateString("gradcheck-dist.report/1"));
+    return old;
+}
+
+static void old_reports_should_render_alike(void) {
+    cJSON *doc = sized_report(GCD_VALUES_FULL, 2), *old = as_schema_1(doc);
+    char *text = gcd_json_print(old), err[512] = "";
+    cJSON *back = gcd_report_parse(text, strlen(text), "old.json", err, sizeof err);
+    CHECK(back != NULL, "a schema /1 report must load: %s", err);
+    const cJSON *run, *runs = back ? at(back, "runs") : NULL;
+    int i = 0;
+    cJSON_ArrayForEach(run, runs) {
+        const cJSON *s = gcd_report_run_setup(back, run), *mine = gcd_report_run_setup(doc, cJSON_GetArrayItem(at(doc, "runs"), i));
+        CHECK(s && s == cJSON_GetObjectItem(run, "setup"), "/1: runs[%d]'s setup is its own", i);
+        CHECK(cJSON_Compare(at(s, "params"), at(mine, "params"), 1) && cJSON_Compare(at(s, "inputs"), at(mine, "inputs"), 1),
+              "/1: runs[%d]'s setup is not the /2 one of its probe", i);
+        i++;
+    }
+    char *(*render[])(const cJSON *) = { gcd_render_text, gcd_render_md, gcd_render_junit };
+    for (int r = 0; back && r < 3; r++) {
+        char *a = render[r](doc), *b = render[r](back);
+        // md embeds the JSON (or its size) in its last block: the same up to there
+        const char *json = r == 1 ? strstr(a, "<details>") : NULL;
+        size_t n = json ? (size_t)(json - a) : strlen(a) + 1;
+        CHECK(a && b && strlen(a) > 100 && !strncmp(a, b, n), "rendering %d of the /1 report differs from the /2 one's", r);
+        free(a), free(b);
+    }
+    cJSON_ReplaceItemInObject(old, "schema", cJSON_CreateString("gradcheck-dist.report/3"));
+    char *newer = gcd_json_print(old);
+    load_should_reject("newer3.json", newer, strlen(newer), "newer");
+    free(newer), free(text);
+    cJSON_Delete(back), cJSON_Delete(old), cJSON_Delete(doc);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
     numbers_should_round_trip_exactly();
     nonfinite_should_be_strings();
     killed_writer_should_leave_no_half_report();
     bad_reports_should_be_rejected();
+    setup_should_appear_once_per_probe();
+    values_should_be_elided_over_the_limit();
+    old_reports_should_render_alike();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) perror("rm");

@@ -12,7 +12,12 @@ TOL = 1e-12
 
 
 def flat(x):
-    if isinstance(x, list):
+    """the numbers of a nest of values; an elided tensor ({elided, numel, norm, first}) as its norm and
+    first values, so that two elided tensors compare by what they keep"""
+    if isinstance(x, dict) and x.get("elided") is True:
+        yield x["norm"]
+        yield from x["first"]
+    elif isinstance(x, list):
         for v in x:
             yield from flat(v)
     else:

@@ -3,7 +3,8 @@
 usage: /usr/bin/python3 tests/torch/crosscheck.py REPORT.json...   (Debian: apt-get install python3-torch)
 
 For each report, W gloo processes (W = the report's world; one process group for all its runs) rebuild
-each run's model from the report's setup (initial weights, each rank's inputs), gather as the mode
+each run's model from the report's setup (initial weights, each rank's inputs; in the run for schema /1,
+once per probe in "setups" for /2; reports of large tensors written with --full), gather as the mode
 says, wrap the model in real DistributedDataParallel(find_unused_parameters=True), call backward, and
 compare each parameter's gradient (or its None) with the report's `reduced` (with --summary-only
 reports, with its `norm`). What is real and what is re-implemented:
@@ -58,6 +59,17 @@ def gather(x, mode):
     if mode == "local":
         out[dist.get_rank()] = x
     return torch.cat(out)
+
+
+def run_setup(report, run):
+    """the run's setup: in the run (schema /1) or the top-level "setups" entry of its probe (/2)"""
+    if "setup" in run:
+        return run["setup"]
+    return next(s for s in report["setups"] if s["probe"] == run["probe"])
+
+
+def elided(v):
+    return isinstance(v, dict) and v.get("elided") is True
 
 
 class Model(torch.nn.Module):
@@ -132,10 +144,10 @@ def compare(run, grads):
         if g is None:
             continue
         a = torch.tensor(g, dtype=torch.float64)
-        if p.get("reduced") is not None:
+        if p.get("reduced") is not None and not elided(p["reduced"]):
             b = torch.tensor(p["reduced"], dtype=torch.float64)
             err = float((a - b).norm() / max(float(a.norm()), 1e-300))
-        else:  # --summary-only: the norm is what the report keeps
+        else:  # --summary-only, or an elided tensor: the norm is what the report keeps
             err = abs(float(a.norm()) - p["norm"]) / max(float(a.norm()), 1e-300)
         worst = max(worst, err)
         if err > 1e-12:
@@ -149,11 +161,16 @@ def compare(run, grads):
 
 def crosscheck(path, port, timeout):
     report = json.load(open(path))
-    runs = [r for r in report["runs"] if r["probe"] in ("simplenet", "contrastive")]
+    # each run with its setup in it (schema /2 keeps one per probe), as the workers read it
+    runs = [dict(r, setup=run_setup(report, r)) for r in report["runs"] if r["probe"] in ("simplenet", "contrastive")]
     if not runs:
         return 0, 0
     if any(p["init"] is None for r in runs for p in r["setup"]["params"]):
         print(f"FAIL {path}: a --summary-only report has no initial weights or inputs to replay; write one without --summary-only")
+        return 0, len(runs)
+    values = [p["init"] for r in runs for p in r["setup"]["params"]] + [t["data"] for r in runs for i in r["setup"]["inputs"] for t in i["tensors"]]
+    if any(elided(v) for v in values):
+        print(f"FAIL {path}: the report elides initial weights or inputs (over 4096 elements); write it with --full to replay it")
         return 0, len(runs)
     W = runs[0]["world"]
     ctx = mp.get_context("spawn")

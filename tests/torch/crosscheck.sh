@@ -10,7 +10,7 @@ cd "$work" || exit 1
 "$PY" -c "import torch" || { echo "crosscheck: torch cannot be imported by $PY (apt-get install python3-torch)"; echo "0 passed, 1 failed"; exit 1; }
 for args in "--world 1" "--world 2 --inputs random" "--world 3 --probe contrastive --local-loss" "--world 4 --probe contrastive"; do
     name=$(tr -d ' -' <<<"$args").json
-    "$G" run $args --json "$name" >/dev/null 2>run.err || { echo "gradcheck-dist run $args failed: $(cat run.err)"; echo "0 passed, 1 failed"; exit 1; }
+    "$G" run $args --full --json "$name" >/dev/null 2>run.err || { echo "gradcheck-dist run $args failed: $(cat run.err)"; echo "0 passed, 1 failed"; exit 1; }
     reports+=("$name")
 done
 GCD_CROSSCHECK_TIMEOUT=240 timeout 600 "$PY" "$SRC/tests/torch/crosscheck.py" "${reports[@]}" 2>&1 | grep -v "reducer.cpp\|InitGoogleLogging"
