@@ -16,7 +16,7 @@ cd "$work" || exit 1
 # (--mode on: one run a probe keeps the schema validation short; test_report.c has a probe under several modes)
 sizes=(--world 2 --mode on --batch 17 --dim-img 256 --dim-txt 241 --dim-emb 16)
 "$G" run "${sizes[@]}" --json lim.json >lim.txt 2>&1 || fail "run: exit $?: $(cat lim.txt)"
-"$G" run "${sizes[@]}" --full --json full.json >full.txt 2>&1 || fail "run --full: exit $?: $(cat full.txt)"
+"$G" run "${sizes[@]}" --full --json full.json >full.txt 2>full.err || fail "run --full: exit $?: $(cat full.txt full.err)"
 out=$("$G" run "${sizes[@]}" --full --summary-only --json x.json 2>&1) && rc=0 || rc=$?
 [ $rc = 2 ] && grep -q -- --full <<<"$out" || fail "--full --summary-only must exit 2 naming --full: exit $rc, $out"
 for f in lim full; do
