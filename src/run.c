@@ -208,14 +208,19 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         step(comm, o, &P, &arena, &ps);
         if (s == 0) trace(comm, pr, &P, &ps, res);
         comm->all_gather(comm, ps.loss->data, res->loss + (root ? (size_t)s * W : 0), 1);
+        const double *grad[GCD_MAX_PARAMS];   // every parameter's mean in one collective (DDP's bucket)
+        double *local[GCD_MAX_PARAMS];
+        unsigned char *has[GCD_MAX_PARAMS];
+        size_t n[GCD_MAX_PARAMS];
         for (int i = 0; i < P.n; i++) {
+            grad[i] = P.t[i]->grad, n[i] = P.t[i]->n;
+            local[i] = s == 0 ? res->param[i].local : NULL, has[i] = s == 0 ? res->param[i].has : NULL;
+        }
+        gcd_ddp_mean_bucket(comm, P.n, grad, n, mean, local, has, got);
+        for (int i = 0; i < P.n && s == 0; i++) {
             gcd_param_result *p = &res->param[i];
-            int first = s == 0;
-            got[i] = gcd_ddp_mean(comm, P.t[i]->grad, p->n, mean[i], first ? p->local : NULL, first ? p->has : NULL);
-            if (first) {
-                p->nhave = got[i];
-                p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
-            }
+            p->nhave = got[i];
+            p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
         }
         gcd_arena_reset(&arena);
         if (s == 0 && root) {   // at the starting values, before any update
