@@ -11,8 +11,9 @@
 // kernels
 
 // The products go through CBLAS (row-major dgemm): out = x w^T, dx += dout w, dw += dout^T x. OpenBLAS
-// splits a product over the output's rows and columns, never over the sum, so every element's sum has
-// one order whatever the thread count: the same shapes and values give the same bits on every rank.
+// splits a product over the output's rows and columns, not over the sum, so each element's sum keeps
+// one order: the same shapes and values give the same bits on every rank, run to run, with one thread
+// or two (tests/test_ops.c). beta 0 ignores what out held: outputs need no zeroing.
 
 void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC) {
     if (b)
