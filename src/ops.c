@@ -117,8 +117,9 @@ void cross_entropy_forward(double *out, double *prob, const double *z, const int
 }
 
 void cross_entropy_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C) {
+    double k = dout[0] / N;
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += dout[0] / N * (prob[(size_t)n * C + c] - (c == label[n]));
+        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += k * (prob[(size_t)n * C + c] - (c == label[n]));
 }
 
 void cross_entropy_cols_forward(double *out, double *prob, double *work, const double *z, const int *label, int N, int C) {
@@ -135,8 +136,9 @@ void cross_entropy_cols_forward(double *out, double *prob, double *work, const d
 }
 
 void cross_entropy_cols_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C) {
+    double k = dout[0] / C;
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += dout[0] / C * (prob[(size_t)n * C + c] - (n == label[c]));
+        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += k * (prob[(size_t)n * C + c] - (n == label[c]));
 }
 
 // ----------------------------------------------------------------------------
