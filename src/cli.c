@@ -21,6 +21,7 @@
 #include "check.h"
 #include "comm.h"
 #include "expect.h"
+#include "ops.h"
 #include "report.h"
 #include "run.h"
 #include "verdict.h"
@@ -576,6 +577,11 @@ static int run_rank(const options *o, int argc, char **argv) {
             return rank_exit(root, 2);
         }
         comm = nccl;
+    }
+    if (!getenv("OPENBLAS_NUM_THREADS")) {   // a plain mpirun, not the launcher: this node's CPUs shared out
+        int local_rank, local_size;
+        gcd_mpi_local(&local_rank, &local_size);
+        gcd_blas_share_cpus(local_size);
     }
     job.t0 = now();
     gcd_env env;

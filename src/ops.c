@@ -1,8 +1,11 @@
+#define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
 #include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "gather.h"
@@ -28,6 +31,12 @@ void linear_backward(double *dx, double *dw, double *db, const double *dout, con
             for (int o = 0; o < OC; o++) db[o] += dout[(size_t)n * OC + o];
     if (dx) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0, dout, OC, w, C, 1.0, dx, C);
     if (dw) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0, dout, OC, x, C, 1.0, dw, C);
+}
+
+void gcd_blas_share_cpus(int ranks) {
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1, shared = (int)sysconf(_SC_NPROCESSORS_ONLN) / ranks;
+    openblas_set_num_threads(shared < cpus ? (shared > 1 ? shared : 1) : cpus);
 }
 
 void relu_forward(double *out, const double *x, size_t n) {

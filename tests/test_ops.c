@@ -1,10 +1,13 @@
 // Every op's backward against central differences in float64, and None versus zero; the CBLAS kernels
 // (linear, matmul_nt) against the plain loops they replaced (ref_*, below), on odd shapes, bias or not,
 // NULL gradients; column-wise cross-entropy against the row-wise one of the transpose, bit for bit.
+#define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
 #include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "check.h"
@@ -189,7 +192,7 @@ static double *randn(gcd_rng *r, size_t n) {
     return p;
 }
 
-static double *dup(const double *p, size_t n) { return p ? memcpy(malloc(n * sizeof(double)), p, n * sizeof(double)) : NULL; }
+static double *dup_or_null(const double *p, size_t n) { return p ? memcpy(malloc(n * sizeof(double)), p, n * sizeof(double)) : NULL; }
 
 // max |got - want| / max |want| over n values; got NULL: both must be NULL
 static double rel_diff(const double *got, const double *want, size_t n) {
@@ -229,16 +232,16 @@ static void blas_should_match_loops(int N, int C, int OC, int bias, double *wors
     expect_close("matmul_nt forward", N, C, OC, got, want, no, worst);
     for (int drop = -1; drop < 3; drop++) {   // -1: every gradient; else gradient `drop` is NULL
         double *g0 = randn(&r, nx), *g1 = randn(&r, nw), *g2 = bias ? randn(&r, OC) : NULL;
-        double *gx = drop == 0 ? NULL : dup(g0, nx), *gw = drop == 1 ? NULL : dup(g1, nw), *gb = drop == 2 ? NULL : dup(g2, OC);
-        double *rx = drop == 0 ? NULL : dup(g0, nx), *rw = drop == 1 ? NULL : dup(g1, nw), *rb = drop == 2 ? NULL : dup(g2, OC);
+        double *gx = drop == 0 ? NULL : dup_or_null(g0, nx), *gw = drop == 1 ? NULL : dup_or_null(g1, nw), *gb = drop == 2 ? NULL : dup_or_null(g2, OC);
+        double *rx = drop == 0 ? NULL : dup_or_null(g0, nx), *rw = drop == 1 ? NULL : dup_or_null(g1, nw), *rb = drop == 2 ? NULL : dup_or_null(g2, OC);
         linear_backward(gx, gw, gb, dout, x, w, N, C, OC);
         ref_linear_backward(rx, rw, rb, dout, x, w, N, C, OC);
         expect_close("linear backward dx", N, C, OC, gx, rx, nx, worst);
         expect_close("linear backward dw", N, C, OC, gw, rw, nw, worst);
         expect_close("linear backward db", N, C, OC, gb, rb, OC, worst);
         if (drop < 2) {   // matmul_nt: a (N,C) = x, b (OC,C) = w
-            double *ma = drop == 0 ? NULL : dup(g0, nx), *mb = drop == 1 ? NULL : dup(g1, nw);
-            double *ra = drop == 0 ? NULL : dup(g0, nx), *rb2 = drop == 1 ? NULL : dup(g1, nw);
+            double *ma = drop == 0 ? NULL : dup_or_null(g0, nx), *mb = drop == 1 ? NULL : dup_or_null(g1, nw);
+            double *ra = drop == 0 ? NULL : dup_or_null(g0, nx), *rb2 = drop == 1 ? NULL : dup_or_null(g1, nw);
             matmul_nt_backward(ma, mb, dout, x, w, N, OC, C);
             ref_matmul_nt_backward(ra, rb2, dout, x, w, N, OC, C);
             expect_close("matmul_nt backward da", N, C, OC, ma, ra, nx, worst);
@@ -266,6 +269,32 @@ static void blas_should_be_deterministic(void) {
     CHECK(!memcmp(out[0], out[2], (size_t)N * OC * sizeof(double)), "matmul_nt: one thread and two differ");
     for (int t = 0; t < 3; t++) free(out[t]);
     free(x), free(w);
+}
+
+// a rank's share of the CPUs: all it may run on when alone, one when the ranks outnumber the CPUs
+static void blas_threads_should_share_cpus(void) {
+    int before = openblas_get_num_threads();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    gcd_blas_share_cpus(1);
+    int alone = openblas_get_num_threads();
+    gcd_blas_share_cpus((int)online + 1);
+    int crowded = openblas_get_num_threads();
+    cpu_set_t set, one;   // bound to one CPU (as Open MPI binds a rank), alone: still one thread
+    int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1, bound = -1;
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE && !CPU_COUNT(&one); i++)
+        if (CPU_ISSET(i, &set)) CPU_SET(i, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        gcd_blas_share_cpus(1);
+        bound = openblas_get_num_threads();
+        sched_setaffinity(0, sizeof set, &set);
+    }
+    openblas_set_num_threads(before);
+    CHECK(alone == (mine < online ? mine : online), "one rank: %d BLAS threads, expected the %d CPUs it may run on", alone, mine);
+    CHECK(crowded == 1, "%ld ranks on %ld CPUs: %d BLAS threads, expected 1", online + 1, online, crowded);
+    CHECK(bound == 1, "one rank bound to one CPU: %d BLAS threads, expected 1", bound);
+    printf("ok   blas threads: %d for one rank, %d bound to one CPU, %d for %ld ranks (%ld CPUs online)\n", alone, bound, crowded,
+           online + 1, online);
 }
 
 // a NaN anywhere in an input reaches the output, even against zero weights (the verdict counts them)
@@ -354,6 +383,7 @@ int main(void) {
     printf("%s blas vs loops: max relative difference %.2e (tol %.0e)\n", worst <= BLAS_TOL ? "ok  " : "FAIL", worst, BLAS_TOL);
     blas_should_be_deterministic();
     blas_should_propagate_nan();
+    blas_threads_should_share_cpus();
     cross_entropy_cols_should_equal_transposed_rows();
     none_should_differ_from_zero();
     no_grad_and_detach_should_cut_the_graph();
