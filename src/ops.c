@@ -35,8 +35,9 @@ void linear_backward(double *dx, double *dw, double *db, const double *dout, con
 
 void gcd_blas_share_cpus(int ranks) {
     cpu_set_t set;
-    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1, shared = (int)sysconf(_SC_NPROCESSORS_ONLN) / ranks;
-    openblas_set_num_threads(shared < cpus ? (shared > 1 ? shared : 1) : cpus);
+    int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int share = (int)sysconf(_SC_NPROCESSORS_ONLN) / ranks;
+    openblas_set_num_threads(share < bound ? (share > 1 ? share : 1) : bound);
 }
 
 void relu_forward(double *out, const double *x, size_t n) {
