@@ -25,8 +25,8 @@ static void init(gcd_ctx *c, const gcd_probe_cfg *cfg, gcd_params *p) {
 
 static void inputs(gcd_ctx *c, const gcd_probe_cfg *cfg, int rank, gcd_tensor **in) {
     gcd_rng r = gcd_rng_make(cfg->seed, 1 + (uint64_t)rank);
-    in[0] = gcd_tensor_new(c, 2, (int[]){ cfg->batch, cfg->dim_img });
-    in[1] = gcd_tensor_new(c, 2, (int[]){ cfg->batch, cfg->dim_txt });
+    in[0] = gcd_tensor_empty(c, 2, (int[]){ cfg->batch, cfg->dim_img });
+    in[1] = gcd_tensor_empty(c, 2, (int[]){ cfg->batch, cfg->dim_txt });
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < in[k]->n; i++) in[k]->data[i] = gcd_rng_normal(&r);
 }
@@ -43,8 +43,9 @@ static gcd_tensor *clip_loss(gcd_ctx *c, gcd_tensor *scale, gcd_tensor *img_rows
     int *label = gcd_arena_alloc(c->arena, (size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) label[i] = first + i;
     gcd_tensor *li = gcd_scale(c, gcd_matmul_nt(c, img_rows, txt_all), scale);
-    gcd_tensor *lt = txt_rows ? gcd_scale(c, gcd_matmul_nt(c, txt_rows, img_all), scale) : gcd_transpose(c, li);
-    gcd_tensor *both[2] = { gcd_cross_entropy(c, li, label), gcd_cross_entropy(c, lt, label) };
+    gcd_tensor *lt = txt_rows ? gcd_scale(c, gcd_matmul_nt(c, txt_rows, img_all), scale) : NULL, *both[2];
+    both[0] = gcd_cross_entropy(c, li, label);
+    both[1] = lt ? gcd_cross_entropy(c, lt, label) : gcd_cross_entropy_cols(c, li, label);   // li^T's rows: li's columns
     return gcd_mean(c, gcd_concat(c, 2, both));
 }
 

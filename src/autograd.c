@@ -3,7 +3,7 @@
 #include "ops.h"
 
 static const char *op_names[GCD_OP_COUNT] = {
-    "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "transpose", "normalize",
+    "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "normalize",
     "exp", "scale", "cross_entropy", "all_gather", "detach",
 };
 

@@ -10,7 +10,7 @@
 
 typedef enum {
     GCD_OP_LINEAR, GCD_OP_RELU, GCD_OP_VIEW, GCD_OP_CONCAT, GCD_OP_MUL, GCD_OP_MEAN, GCD_OP_MSE,
-    GCD_OP_MATMUL_NT, GCD_OP_TRANSPOSE, GCD_OP_NORMALIZE, GCD_OP_EXP, GCD_OP_SCALE,
+    GCD_OP_MATMUL_NT, GCD_OP_NORMALIZE, GCD_OP_EXP, GCD_OP_SCALE,
     GCD_OP_CROSS_ENTROPY, GCD_OP_GATHER, GCD_OP_DETACH,
     GCD_OP_COUNT
 } gcd_op;
@@ -36,7 +36,7 @@ typedef struct gcd_node {
     double *saved;             // op-specific: row norms, softmax; gather: what its backward returned (n+1, gather.c)
     const int *labels;         // cross-entropy targets
     struct gcd_comm *comm;     // gather: the communicator
-    int mode;                  // gather: the gradient mode
+    int mode;                  // gather: the gradient mode; cross_entropy: 1 over columns
 } gcd_node;
 
 const char *gcd_op_name(gcd_op op);

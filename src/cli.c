@@ -22,6 +22,7 @@
 #include "check.h"
 #include "comm.h"
 #include "expect.h"
+#include "ops.h"
 #include "report.h"
 #include "run.h"
 #include "verdict.h"
@@ -524,6 +525,18 @@ static int launch(const options *o, int argc, char **argv) {
     setenv("GCD_PROGRESS", isatty(2) ? "tty" : "lines", 0);
     int err_pipe[2];
     if (pipe(err_pipe) || fcntl(err_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(err_pipe[1], F_SETFD, FD_CLOEXEC)) return fprintf(stderr, "gradcheck-dist: pipe: %s\n", strerror(errno)), rmdir(dir), 3;
+    // BLAS threads, set before OpenBLAS starts in the ranks (unless the user chose): this machine's cores
+    // shared out, one a rank when the ranks fill them, more when they do not; each rank is then bound to
+    // that many cores (Open MPI binds a rank to one core by default, where its threads would share it)
+    long threads = physical_cores() / world;
+    if (getenv("OPENBLAS_NUM_THREADS")) threads = atol(getenv("OPENBLAS_NUM_THREADS"));
+    else {
+        char nt[24];
+        snprintf(nt, sizeof nt, "%ld", threads > 1 ? threads : 1);
+        setenv("OPENBLAS_NUM_THREADS", nt, 1);
+    }
+    char pe[32];
+    snprintf(pe, sizeof pe, "slot:PE=%ld", threads);
     char np[16];
     snprintf(np, sizeof np, "%d", world);
     int nenv = 0;
@@ -545,11 +558,12 @@ static int launch(const options *o, int argc, char **argv) {
     // (UCX, InfiniBand), keep Open MPI's choice.
     const char *pml = getenv("OMPI_MCA_pml");
     if (!o->hostfile && !(pml && *pml)) av[n++] = "--mca", av[n++] = "pml", av[n++] = "ob1";
-    // Open MPI starts ranks on other nodes without this environment: forward every GCD_ and NCCL_
-    // variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
+    if (!o->hostfile && threads > 1 && threads * world <= physical_cores()) av[n++] = "--map-by", av[n++] = pe;
+    // Open MPI starts ranks on other nodes without this environment: forward every GCD_, NCCL_ and
+    // OPENBLAS_ variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
     int first_x = n;
     for (char **e = environ; *e; e++)
-        if (!strncmp(*e, "GCD_", 4) || !strncmp(*e, "NCCL_", 5)) {
+        if (!strncmp(*e, "GCD_", 4) || !strncmp(*e, "NCCL_", 5) || !strncmp(*e, "OPENBLAS_", 9)) {
             av[n++] = "-x";
             mallocCheck(av[n++] = strndup(*e, strcspn(*e, "=")));
         }
@@ -839,6 +853,11 @@ static int run_rank(const options *o, int argc, char **argv) {
             return rank_exit(root, 2);
         }
         comm = nccl;
+    }
+    if (!getenv("OPENBLAS_NUM_THREADS")) {   // a plain mpirun, not the launcher: this node's CPUs shared out
+        int local_rank, local_size;
+        gcd_mpi_local(&local_rank, &local_size);
+        gcd_blas_share_cpus(local_size);
     }
     job.t0 = now();
     gcd_env env;

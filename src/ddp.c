@@ -6,23 +6,35 @@
 #include "util.h"
 
 int gcd_ddp_mean(gcd_comm *comm, const double *local, size_t n, double *mean, double *all, unsigned char *has) {
+    int nhave;
+    gcd_ddp_mean_bucket(comm, 1, &local, &n, &mean, &all, &has, &nhave);
+    return nhave;
+}
+
+void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, const size_t *n, double **mean,
+                         double **all, unsigned char **has, int *nhave) {
     int W = comm->world;
-    double *mine = gcd_malloc((n + 1) * sizeof(double));   // (n values, present flag)
-    double *every = gcd_malloc((size_t)W * (n + 1) * sizeof(double));
-    if (local) memcpy(mine, local, n * sizeof(double));
-    mine[n] = local != NULL;
-    comm->all_gather(comm, mine, every, n + 1);
-    int nhave = 0;
-    memset(mean, 0, n * sizeof(double));
-    for (int k = 0; k < W; k++) {
-        const double *g = every + (size_t)k * (n + 1);
-        nhave += g[n] != 0;
-        for (size_t i = 0; i < n; i++) mean[i] += g[i];
-        if (all) memcpy(all + (size_t)k * n, g, n * sizeof(double));
-        if (has) has[k] = g[n] != 0;
+    size_t per = 0;   // one rank's bucket: each tensor's n values, then its present flag
+    for (int i = 0; i < k; i++) per += n[i] + 1;
+    double *mine = gcd_malloc(per * sizeof(double)), *every = gcd_malloc((size_t)W * per * sizeof(double));
+    for (size_t i = 0, off = 0; i < (size_t)k; off += n[i] + 1, i++) {
+        if (local[i]) memcpy(mine + off, local[i], n[i] * sizeof(double));   // None: zeros (gcd_malloc)
+        mine[off + n[i]] = local[i] != NULL;
     }
-    for (size_t i = 0; i < n; i++) mean[i] /= W;
+    comm->all_gather(comm, mine, every, per);
+    for (size_t i = 0, off = 0; i < (size_t)k; off += n[i] + 1, i++) {
+        double *m = mean[i];
+        nhave[i] = 0;
+        memset(m, 0, n[i] * sizeof(double));
+        for (int r = 0; r < W; r++) {   // in rank order: every rank sums alike
+            const double *g = every + (size_t)r * per + off;
+            nhave[i] += g[n[i]] != 0;
+            for (size_t j = 0; j < n[i]; j++) m[j] += g[j];
+            if (all && all[i]) memcpy(all[i] + (size_t)r * n[i], g, n[i] * sizeof(double));
+            if (has && has[i]) has[i][r] = g[n[i]] != 0;
+        }
+        for (size_t j = 0; j < n[i]; j++) m[j] /= W;
+    }
     free(mine);
     free(every);
-    return nhave;
 }

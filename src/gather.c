@@ -50,7 +50,7 @@ static void check_shapes(gcd_comm *comm, const gcd_tensor *x) {
 gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode) {
     check_shapes(comm, x);
     int shape[GCD_MAX_DIM] = { gcd_rows(x) * comm->world, x->ndim == 2 ? x->shape[1] : 0 };
-    gcd_tensor *out = gcd_tensor_new(c, x->ndim ? x->ndim : 1, shape);
+    gcd_tensor *out = gcd_tensor_empty(c, x->ndim ? x->ndim : 1, shape);   // written whole by the collective
     comm->all_gather(comm, x->data, out->data, x->n);
     int prev = gcd_set_grad_enabled(c, c->grad_enabled && mode != GCD_GATHER_OFF);   // off: under no_grad, as Lightning
     gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);                           // off: detached, no graph

@@ -1,7 +1,11 @@
+#define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
 #include "ops.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "gather.h"
@@ -9,26 +13,31 @@
 // ----------------------------------------------------------------------------
 // kernels
 
+// The products go through CBLAS (row-major dgemm): out = x w^T, dx += dout w, dw += dout^T x. OpenBLAS
+// splits a product over the output's rows and columns, not over the sum, so each element's sum keeps
+// one order: the same shapes and values give the same bits on every rank, run to run, with one thread
+// or two (tests/test_ops.c). beta 0 ignores what out held: outputs need no zeroing.
+
 void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC) {
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            double s = b ? b[o] : 0.0;
-            for (int i = 0; i < C; i++) s += x[n * C + i] * w[o * C + i];
-            out[n * OC + o] = s;
-        }
+    if (b)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, b, (size_t)OC * sizeof(double));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0, x, C, w, C, b ? 1.0 : 0.0, out, OC);
 }
 
 void linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,
                      int N, int C, int OC) {
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            double d = dout[n * OC + o];
-            if (db) db[o] += d;
-            if (dx)
-                for (int i = 0; i < C; i++) dx[n * C + i] += d * w[o * C + i];
-            if (dw)
-                for (int i = 0; i < C; i++) dw[o * C + i] += d * x[n * C + i];
-        }
+    if (db)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) db[o] += dout[(size_t)n * OC + o];
+    if (dx) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0, dout, OC, w, C, 1.0, dx, C);
+    if (dw) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0, dout, OC, x, C, 1.0, dw, C);
+}
+
+void gcd_blas_share_cpus(int ranks) {
+    cpu_set_t set;
+    int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int share = (int)sysconf(_SC_NPROCESSORS_ONLN) / ranks;
+    openblas_set_num_threads(share < bound ? (share > 1 ? share : 1) : bound);
 }
 
 void relu_forward(double *out, const double *x, size_t n) {
@@ -68,33 +77,12 @@ void mse_backward(double *da, double *db, const double *dout, const double *a, c
 }
 
 void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K) {
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) s += a[m * K + k] * b[n * K + k];
-            out[m * N + n] = s;
-        }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0, a, K, b, K, 0.0, out, N);
 }
 
 void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K) {
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) {
-            double d = dout[m * N + n];
-            if (da)
-                for (int k = 0; k < K; k++) da[m * K + k] += d * b[n * K + k];
-            if (db)
-                for (int k = 0; k < K; k++) db[n * K + k] += d * a[m * K + k];
-        }
-}
-
-void transpose_forward(double *out, const double *x, int M, int N) {
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) out[n * M + m] = x[m * N + n];
-}
-
-void transpose_backward(double *dx, const double *dout, int M, int N) {
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++) dx[m * N + n] += dout[n * M + m];
+    if (da) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0, dout, N, b, K, 1.0, da, K);
+    if (db) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0, dout, N, a, K, 1.0, db, K);
 }
 
 #define NORMALIZE_EPS 1e-12
@@ -122,22 +110,45 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
     }
 }
 
+// Cross-entropy keeps the softmax from the forward (one exp per element). The column-wise pair scores
+// z's columns, as cross_entropy of z^T would, without the transpose: the same sums in the same order.
+
 void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C) {
     double loss = 0;
     for (int n = 0; n < N; n++) {
-        const double *zr = z + n * C;
-        double mx = zr[0], s = 0;
+        const double *zr = z + (size_t)n * C;
+        double *pr = prob + (size_t)n * C, mx = zr[0], s = 0;
         for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (int c = 0; c < C; c++) s += exp(zr[c] - mx);
-        for (int c = 0; c < C; c++) prob[n * C + c] = exp(zr[c] - mx) / s;
+        for (int c = 0; c < C; c++) s += pr[c] = exp(zr[c] - mx);
+        for (int c = 0; c < C; c++) pr[c] /= s;
         loss += mx + log(s) - zr[label[n]];
     }
     out[0] = loss / N;
 }
 
 void cross_entropy_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C) {
+    double k = dout[0] / N;
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) dz[n * C + c] += dout[0] / N * (prob[n * C + c] - (c == label[n]));
+        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += k * (prob[(size_t)n * C + c] - (c == label[n]));
+}
+
+void cross_entropy_cols_forward(double *out, double *prob, double *work, const double *z, const int *label, int N, int C) {
+    double *mx = work, *s = work + C, loss = 0;
+    for (int c = 0; c < C; c++) mx[c] = z[c], s[c] = 0;
+    for (int n = 1; n < N; n++)
+        for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) s[c] += prob[(size_t)n * C + c] = exp(z[(size_t)n * C + c] - mx[c]);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) prob[(size_t)n * C + c] /= s[c];
+    for (int c = 0; c < C; c++) loss += mx[c] + log(s[c]) - z[(size_t)label[c] * C + c];
+    out[0] = loss / C;
+}
+
+void cross_entropy_cols_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C) {
+    double k = dout[0] / C;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += k * (prob[(size_t)n * C + c] - (n == label[c]));
 }
 
 // ----------------------------------------------------------------------------
@@ -147,13 +158,13 @@ static void need(int ok, const char *op, const char *what) {
     if (!ok) GCD_FATAL("%s: %s", op, what);
 }
 
-static gcd_tensor *scalar(gcd_ctx *c) { return gcd_tensor_new(c, 0, NULL); }
+static gcd_tensor *scalar(gcd_ctx *c) { return gcd_tensor_empty(c, 0, NULL); }
 
 gcd_tensor *gcd_linear(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b) {
     need(x->ndim == 2 && w->ndim == 2 && x->shape[1] == w->shape[1], "linear", "x (N,C) and w (OC,C) do not match");
     need(!b || (b->ndim == 1 && b->shape[0] == w->shape[0]), "linear", "bias is not (OC)");
     int shape[2] = { x->shape[0], w->shape[0] };
-    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
+    gcd_tensor *out = gcd_tensor_empty(c, 2, shape);
     linear_forward(out->data, x->data, w->data, b ? b->data : NULL, x->shape[0], x->shape[1], w->shape[0]);
     gcd_record(c, GCD_OP_LINEAR, out, 3, (gcd_tensor *[]){ x, w, b });
     return out;
@@ -175,7 +186,7 @@ gcd_tensor *gcd_view(gcd_ctx *c, gcd_tensor *x, int ndim, const int *shape) {
         else known *= (size_t)s[i];
     }
     if (infer >= 0) s[infer] = (int)(x->n / known);
-    gcd_tensor *out = gcd_tensor_new(c, ndim, s);
+    gcd_tensor *out = gcd_tensor_empty(c, ndim, s);
     need(out->n == x->n, "view", "the new shape has another number of elements");
     memcpy(out->data, x->data, x->n * sizeof(double));
     gcd_record(c, GCD_OP_VIEW, out, 1, &x);
@@ -190,7 +201,7 @@ gcd_tensor *gcd_concat(gcd_ctx *c, int k, gcd_tensor **xs) {
     }
     int ndim = xs[0]->ndim ? xs[0]->ndim : 1;
     int shape[GCD_MAX_DIM] = { rows, xs[0]->ndim == 2 ? xs[0]->shape[1] : 0 };
-    gcd_tensor *out = gcd_tensor_new(c, ndim, shape);
+    gcd_tensor *out = gcd_tensor_empty(c, ndim, shape);
     for (int i = 0, off = 0; i < k; off += (int)xs[i]->n, i++) memcpy(out->data + off, xs[i]->data, xs[i]->n * sizeof(double));
     gcd_record(c, GCD_OP_CONCAT, out, k, xs);
     return out;
@@ -224,24 +235,15 @@ gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target) {
 gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b) {
     need(a->ndim == 2 && b->ndim == 2 && a->shape[1] == b->shape[1], "matmul_nt", "a (M,K) and b (N,K) do not match");
     int shape[2] = { a->shape[0], b->shape[0] };
-    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
+    gcd_tensor *out = gcd_tensor_empty(c, 2, shape);
     matmul_nt_forward(out->data, a->data, b->data, a->shape[0], b->shape[0], a->shape[1]);
     gcd_record(c, GCD_OP_MATMUL_NT, out, 2, (gcd_tensor *[]){ a, b });
     return out;
 }
 
-gcd_tensor *gcd_transpose(gcd_ctx *c, gcd_tensor *x) {
-    need(x->ndim == 2, "transpose", "input is not 2-D");
-    int shape[2] = { x->shape[1], x->shape[0] };
-    gcd_tensor *out = gcd_tensor_new(c, 2, shape);
-    transpose_forward(out->data, x->data, x->shape[0], x->shape[1]);
-    gcd_record(c, GCD_OP_TRANSPOSE, out, 1, &x);
-    return out;
-}
-
 gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
-    double *norm = gcd_arena_alloc(c->arena, (size_t)gcd_rows(x) * sizeof(double));
+    double *norm = gcd_arena_alloc_raw(c->arena, (size_t)gcd_rows(x) * sizeof(double));
     normalize_forward(out->data, norm, x->data, gcd_rows(x), gcd_cols(x));
     gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x)->saved = norm;
     return out;
@@ -262,22 +264,31 @@ gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s) {
     return out;
 }
 
-gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label) {
+// rows: label (N), a class per row; cols: label (C), a row per column
+static gcd_tensor *cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label, int cols) {
     need(z->ndim == 2, "cross_entropy", "logits are not (N,C)");
-    int N = z->shape[0], C = z->shape[1];
-    int *lab = gcd_arena_alloc(c->arena, (size_t)N * sizeof(int));
-    for (int n = 0; n < N; n++) {
-        need(label[n] >= 0 && label[n] < C, "cross_entropy", "a label is out of range");
-        lab[n] = label[n];
+    int N = z->shape[0], C = z->shape[1], nlab = cols ? C : N, nclass = cols ? N : C;
+    int *lab = gcd_arena_alloc_raw(c->arena, (size_t)nlab * sizeof(int));
+    for (int i = 0; i < nlab; i++) {
+        need(label[i] >= 0 && label[i] < nclass, "cross_entropy", "a label is out of range");
+        lab[i] = label[i];
     }
     gcd_tensor *out = scalar(c);
-    double *prob = gcd_arena_alloc(c->arena, z->n * sizeof(double));
-    cross_entropy_forward(out->data, prob, z->data, lab, N, C);
+    double *prob = gcd_arena_alloc_raw(c->arena, z->n * sizeof(double));
+    if (cols) {
+        double *work = gcd_arena_alloc_raw(c->arena, 2 * (size_t)C * sizeof(double));
+        cross_entropy_cols_forward(out->data, prob, work, z->data, lab, N, C);
+    } else
+        cross_entropy_forward(out->data, prob, z->data, lab, N, C);
     gcd_node *nd = gcd_record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
     nd->saved = prob;
     nd->labels = lab;
+    nd->mode = cols;
     return out;
 }
+
+gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label) { return cross_entropy(c, z, label, 0); }
+gcd_tensor *gcd_cross_entropy_cols(gcd_ctx *c, gcd_tensor *z, const int *label) { return cross_entropy(c, z, label, 1); }
 
 // ----------------------------------------------------------------------------
 // backward dispatch: one switch over the op
@@ -340,9 +351,6 @@ void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
         matmul_nt_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data,
                            in[0]->shape[0], in[1]->shape[0], in[0]->shape[1]);
         break;
-    case GCD_OP_TRANSPOSE:
-        transpose_backward(din(c, nd, 0), dout, in[0]->shape[0], in[0]->shape[1]);
-        break;
     case GCD_OP_NORMALIZE:
         normalize_backward(din(c, nd, 0), dout, out->data, nd->saved, gcd_rows(out), gcd_cols(out));
         break;
@@ -360,7 +368,8 @@ void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
         break;
     }
     case GCD_OP_CROSS_ENTROPY:
-        cross_entropy_backward(din(c, nd, 0), dout, nd->saved, nd->labels, in[0]->shape[0], in[0]->shape[1]);
+        (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, nd->labels,
+                                                                          in[0]->shape[0], in[0]->shape[1]);
         break;
     case GCD_OP_GATHER:
         gcd_gather_backward(c, nd);

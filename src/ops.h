@@ -10,6 +10,10 @@
 // ----------------------------------------------------------------------------
 // kernels
 
+// BLAS threads for one of `ranks` processes on this node: its share of the online CPUs, at most the
+// CPUs it may run on, at least 1 (a rank started by a plain mpirun; the launcher sets OPENBLAS_NUM_THREADS)
+void gcd_blas_share_cpus(int ranks);
+
 void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC);
 void linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,
                      int N, int C, int OC);   // out (N,OC), x (N,C), w (OC,C), b (OC) or NULL
@@ -21,12 +25,14 @@ void mse_forward(double *out, const double *a, const double *b, size_t n);   // 
 void mse_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
 void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K);   // out (M,N) = a (M,K) b (N,K)^T
 void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K);
-void transpose_forward(double *out, const double *x, int M, int N);   // x (M,N) -> out (N,M)
-void transpose_backward(double *dx, const double *dout, int M, int N);
 void normalize_forward(double *out, double *norm, const double *x, int N, int D);   // rows: x / max(||x||, 1e-12)
 void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D);
 void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C);   // out (1): mean over rows
 void cross_entropy_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C);
+// over z's columns, as cross_entropy of z^T: label (C), a row per column; out (1): mean over columns;
+// work (2C) scratch
+void cross_entropy_cols_forward(double *out, double *prob, double *work, const double *z, const int *label, int N, int C);
+void cross_entropy_cols_backward(double *dz, const double *dout, const double *prob, const int *label, int N, int C);
 
 // ----------------------------------------------------------------------------
 // autograd ops on tensors
@@ -39,11 +45,11 @@ gcd_tensor *gcd_mul(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // elementwise,
 gcd_tensor *gcd_mean(gcd_ctx *c, gcd_tensor *x);   // -> scalar
 gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target);   // mean((a - target)^2); target NULL: zeros
 gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // a (M,K) b (N,K) -> (M,N) = a b^T
-gcd_tensor *gcd_transpose(gcd_ctx *c, gcd_tensor *x);   // (M,N) -> (N,M)
 gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x);   // per row, as torch.nn.functional.normalize
 gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x);
 gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s);   // s a scalar tensor: s * x
 gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (N) -> scalar
+gcd_tensor *gcd_cross_entropy_cols(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (C) -> scalar: cross_entropy(z^T)
 
 // the backward of one recorded node (autograd.c's dispatch)
 struct gcd_node;

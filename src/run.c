@@ -1,6 +1,7 @@
 #include "run.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,17 +18,21 @@ static double *copy(const double *src, size_t n) {
 
 // ----------------------------------------------------------------------------
 // the single-process reference: every rank's features, concatenated in place of the collective;
-// the objective is the mean over ranks of each rank's loss (what DDP's gradient mean optimises)
+// the objective is the mean over ranks of each rank's loss (what DDP's gradient mean optimises).
+// It builds its own parameters at their starting values, so rank 0 runs it on a thread of its own
+// while it takes its part in the first step (no MPI call, no shared tensor; it writes only res's
+// reference fields and inputs).
 
-static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_result *res) {
+static void reference(const gcd_run_opts *o, int world, gcd_run_result *res) {
     const gcd_probe *pr = o->probe;
     gcd_arena arena = { 0 };
     gcd_ctx c = gcd_ctx_make(&arena);
+    gcd_params params = { 0 }, *P = &params;
+    pr->init(&c, &o->cfg, P);
     gcd_tensor **in = gcd_arena_alloc(&arena, (size_t)world * GCD_MAX_INPUTS * sizeof *in);
     gcd_tensor **feat = gcd_arena_alloc(&arena, (size_t)world * GCD_MAX_FEATS * sizeof *feat);
     gcd_tensor **losses = gcd_arena_alloc(&arena, (size_t)world * sizeof *losses);
     gcd_tensor *all[GCD_MAX_FEATS], **col = gcd_arena_alloc(&arena, (size_t)world * sizeof *col);
-    for (int i = 0; i < P->n; i++) P->t[i]->grad = NULL;
     for (int k = 0; k < world; k++) {
         pr->inputs(&c, &o->cfg, k, in + k * GCD_MAX_INPUTS);
         pr->encode(&c, P, in + k * GCD_MAX_INPUTS, feat + k * GCD_MAX_FEATS);
@@ -50,9 +55,20 @@ static void reference(const gcd_run_opts *o, int world, gcd_params *P, gcd_run_r
     for (int i = 0; i < P->n; i++) {
         gcd_param_result *p = &res->param[i];
         p->reference = P->t[i]->grad ? copy(P->t[i]->grad, p->n) : gcd_malloc(p->n * sizeof(double));
-        P->t[i]->grad = NULL;
     }
     gcd_arena_free(&arena);
+}
+
+typedef struct {
+    const gcd_run_opts *o;
+    int world;
+    gcd_run_result *res;
+} reference_job;
+
+static void *reference_thread(void *arg) {
+    reference_job *j = arg;
+    reference(j->o, j->world, j->res);
+    return NULL;
 }
 
 // the same reference for another mode: copied out of (keep 0) or into (keep 1) the holder
@@ -200,6 +216,13 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         gcd_arena_reset(&arena);
     }
 
+    // rank 0's reference, on its own thread from here to the end of the first step (inline when no
+    // thread can be started); a later mode of the same probe copies the one already computed
+    int computes = root && !(o->ref && o->ref->done), threaded = 0;
+    reference_job job = { o, W, res };
+    pthread_t ref_thread;
+    if (computes) threaded = pthread_create(&ref_thread, NULL, reference_thread, &job) == 0;
+
     double *mean[GCD_MAX_PARAMS];
     int got[GCD_MAX_PARAMS];   // ranks with a gradient, this step
     for (int i = 0; i < P.n; i++) mean[i] = gcd_malloc(P.t[i]->n * sizeof(double));
@@ -208,20 +231,26 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         step(comm, o, &P, &arena, &ps);
         if (s == 0) trace(comm, pr, &P, &ps, res);
         comm->all_gather(comm, ps.loss->data, res->loss + (root ? (size_t)s * W : 0), 1);
+        const double *grad[GCD_MAX_PARAMS];   // every parameter's mean in one collective (DDP's bucket)
+        double *local[GCD_MAX_PARAMS];
+        unsigned char *has[GCD_MAX_PARAMS];
+        size_t n[GCD_MAX_PARAMS];
         for (int i = 0; i < P.n; i++) {
+            grad[i] = P.t[i]->grad, n[i] = P.t[i]->n;
+            local[i] = s == 0 ? res->param[i].local : NULL, has[i] = s == 0 ? res->param[i].has : NULL;
+        }
+        gcd_ddp_mean_bucket(comm, P.n, grad, n, mean, local, has, got);
+        for (int i = 0; i < P.n && s == 0; i++) {
             gcd_param_result *p = &res->param[i];
-            int first = s == 0;
-            got[i] = gcd_ddp_mean(comm, P.t[i]->grad, p->n, mean[i], first ? p->local : NULL, first ? p->has : NULL);
-            if (first) {
-                p->nhave = got[i];
-                p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
-            }
+            p->nhave = got[i];
+            p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
         }
         gcd_arena_reset(&arena);
         if (s == 0 && root) {   // at the starting values, before any update
-            if (o->ref && o->ref->done) reference_copy(o->ref, res, 0);
+            if (!computes) reference_copy(o->ref, res, 0);
             else {
-                reference(o, W, &P, res);
+                if (threaded) pthread_join(ref_thread, NULL);
+                else reference(o, W, res);
                 if (o->ref) reference_copy(o->ref, res, 1);
             }
         }

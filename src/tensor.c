@@ -8,7 +8,7 @@ gcd_ctx gcd_ctx_make(gcd_arena *arena) {
     return c;
 }
 
-gcd_tensor *gcd_tensor_new(gcd_ctx *c, int ndim, const int *shape) {
+static gcd_tensor *make(gcd_ctx *c, int ndim, const int *shape, int zero) {
     if (ndim < 0 || ndim > GCD_MAX_DIM) GCD_FATAL("tensor: %d dimensions, at most %d", ndim, GCD_MAX_DIM);
     gcd_tensor *t = gcd_arena_alloc(c->arena, sizeof *t);
     t->ndim = ndim;
@@ -18,17 +18,20 @@ gcd_tensor *gcd_tensor_new(gcd_ctx *c, int ndim, const int *shape) {
         t->shape[i] = shape[i];
         t->n *= (size_t)shape[i];
     }
-    t->data = gcd_arena_alloc(c->arena, t->n * sizeof(double));
+    t->data = (zero ? gcd_arena_alloc : gcd_arena_alloc_raw)(c->arena, t->n * sizeof(double));
     return t;
 }
 
+gcd_tensor *gcd_tensor_new(gcd_ctx *c, int ndim, const int *shape) { return make(c, ndim, shape, 1); }
+gcd_tensor *gcd_tensor_empty(gcd_ctx *c, int ndim, const int *shape) { return make(c, ndim, shape, 0); }
+
 gcd_tensor *gcd_tensor_from(gcd_ctx *c, int ndim, const int *shape, const double *data) {
-    gcd_tensor *t = gcd_tensor_new(c, ndim, shape);
+    gcd_tensor *t = gcd_tensor_empty(c, ndim, shape);
     memcpy(t->data, data, t->n * sizeof(double));
     return t;
 }
 
-gcd_tensor *gcd_tensor_like(gcd_ctx *c, const gcd_tensor *t) { return gcd_tensor_new(c, t->ndim, t->shape); }
+gcd_tensor *gcd_tensor_like(gcd_ctx *c, const gcd_tensor *t) { return gcd_tensor_empty(c, t->ndim, t->shape); }
 
 int gcd_rows(const gcd_tensor *t) { return t->ndim == 0 ? 1 : t->shape[0]; }
 int gcd_cols(const gcd_tensor *t) { return (int)(t->n / (size_t)gcd_rows(t)); }

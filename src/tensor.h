@@ -31,8 +31,9 @@ typedef struct gcd_ctx {
 
 gcd_ctx gcd_ctx_make(gcd_arena *arena);
 gcd_tensor *gcd_tensor_new(gcd_ctx *c, int ndim, const int *shape);   // zeroed
+gcd_tensor *gcd_tensor_empty(gcd_ctx *c, int ndim, const int *shape);   // not zeroed: for outputs written whole
 gcd_tensor *gcd_tensor_from(gcd_ctx *c, int ndim, const int *shape, const double *data);
-gcd_tensor *gcd_tensor_like(gcd_ctx *c, const gcd_tensor *t);
+gcd_tensor *gcd_tensor_like(gcd_ctx *c, const gcd_tensor *t);   // t's shape, not zeroed
 int gcd_rows(const gcd_tensor *t);   // shape[0], or 1 for a scalar
 int gcd_cols(const gcd_tensor *t);   // n / rows
 double *gcd_grad_buf(gcd_ctx *c, gcd_tensor *t);   // t's gradient, allocated zeroed on first use

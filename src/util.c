@@ -59,7 +59,7 @@ struct gcd_chunk {
 
 static int fits(const gcd_chunk *c, size_t bytes) { return c && c->cap - c->used >= bytes; }
 
-void *gcd_arena_alloc(gcd_arena *a, size_t bytes) {
+void *gcd_arena_alloc_raw(gcd_arena *a, size_t bytes) {
     bytes = (bytes + 15) & ~(size_t)15;
     if (!fits(a->cur, bytes)) {
         if (a->cur && fits(a->cur->next, bytes)) a->cur = a->cur->next;   // a kept chunk, in the same order as last pass
@@ -77,8 +77,10 @@ void *gcd_arena_alloc(gcd_arena *a, size_t bytes) {
     void *p = a->cur->data + a->cur->used;
     a->cur->used += bytes;
     a->bytes += bytes;
-    return memset(p, 0, bytes);
+    return p;
 }
+
+void *gcd_arena_alloc(gcd_arena *a, size_t bytes) { return memset(gcd_arena_alloc_raw(a, bytes), 0, bytes); }
 
 void gcd_arena_reset(gcd_arena *a) {
     for (gcd_chunk *c = a->head; c; c = c->next) c->used = 0;

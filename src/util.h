@@ -40,6 +40,7 @@ typedef struct {
 } gcd_arena;
 
 void *gcd_arena_alloc(gcd_arena *a, size_t bytes);   // zeroed, 16-byte aligned
+void *gcd_arena_alloc_raw(gcd_arena *a, size_t bytes);   // the same, not zeroed: for what is fully overwritten
 void gcd_arena_reset(gcd_arena *a);
 void gcd_arena_free(gcd_arena *a);
 

@@ -76,6 +76,35 @@ static void ddp_mean_should_track_none(gcd_comm *comm) {
     free(has);
 }
 
+// DDP's bucket: three tensors (one None on odd ranks, one None everywhere) in one collective give each
+// the same bits as its own gcd_ddp_mean, and the same every-rank copies
+static void ddp_bucket_should_equal_one_at_a_time(gcd_comm *comm) {
+    int W = comm->world, R = comm->rank;
+    enum { K = 3 };
+    size_t n[K] = { 7, 1, 4 };
+    double g0[7], g1[1], g2[4], *mean[K], *one[K], *all[K], *all1[K];
+    unsigned char *has[K], *has1[K];
+    fill(g0, 7, 5, R), fill(g1, 1, 6, R), fill(g2, 4, 7, R);
+    const double *local[K] = { g0, R % 2 ? NULL : g1, NULL };
+    int nhave[K];
+    for (int i = 0; i < K; i++) {
+        mean[i] = malloc(n[i] * sizeof(double)), one[i] = malloc(n[i] * sizeof(double));
+        all[i] = malloc((size_t)W * n[i] * sizeof(double)), all1[i] = malloc((size_t)W * n[i] * sizeof(double));
+        has[i] = malloc((size_t)W), has1[i] = malloc((size_t)W);
+    }
+    gcd_ddp_mean_bucket(comm, K, local, n, mean, all, has, nhave);
+    for (int i = 0; i < K; i++) {
+        int want = gcd_ddp_mean(comm, local[i], n[i], one[i], all1[i], has1[i]);
+        CHECK(nhave[i] == want, "rank %d: bucket tensor %d: %d ranks with a gradient, alone %d", R, i, nhave[i], want);
+        CHECK(!memcmp(mean[i], one[i], n[i] * sizeof(double)), "rank %d: bucket tensor %d: the mean differs from its own (first %.17g vs %.17g)",
+              R, i, mean[i][0], one[i][0]);
+        CHECK(!memcmp(all[i], all1[i], (size_t)W * n[i] * sizeof(double)) && !memcmp(has[i], has1[i], (size_t)W),
+              "rank %d: bucket tensor %d: every rank's copies differ", R, i);
+        free(mean[i]), free(one[i]), free(all[i]), free(all1[i]), free(has[i]), free(has1[i]);
+    }
+    CHECK(nhave[0] == W && nhave[1] == (W + 1) / 2 && nhave[2] == 0, "rank %d: bucket counts %d %d %d", R, nhave[0], nhave[1], nhave[2]);
+}
+
 int main(int argc, char **argv) {
     gcd_mpi_init(&argc, &argv);
     gcd_comm *comm = gcd_comm_mpi();
@@ -86,6 +115,7 @@ int main(int argc, char **argv) {
         gather_mode_should_route_gradients(comm, mode, 0);       // no rank: every input keeps None
     }
     ddp_mean_should_track_none(comm);
+    ddp_bucket_should_equal_one_at_a_time(comm);
     double failures = check_failures;
     comm->all_reduce(comm, &failures, 1);
     if (comm->rank == 0) printf("test_gather world %d: %s, %d failure(s) over all ranks\n", comm->world, failures ? "FAILED" : "passed", (int)failures);

@@ -1,7 +1,13 @@
-// Every op's backward against central differences in float64, and None versus zero.
+// Every op's backward against central differences in float64, and None versus zero; the CBLAS kernels
+// (linear, matmul_nt) against the plain loops they replaced (ref_*, below), on odd shapes, bias or not,
+// NULL gradients; column-wise cross-entropy against the row-wise one of the transpose, bit for bit.
+#define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
+#include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "check.h"
@@ -23,11 +29,11 @@ static gcd_tensor *f_mean(gcd_ctx *c, gcd_tensor **in) { return gcd_mean(c, in[0
 static gcd_tensor *f_mse(gcd_ctx *c, gcd_tensor **in) { return gcd_mse(c, in[0], in[1]); }
 static gcd_tensor *f_mse_zero(gcd_ctx *c, gcd_tensor **in) { return gcd_mse(c, in[0], NULL); }
 static gcd_tensor *f_matmul_nt(gcd_ctx *c, gcd_tensor **in) { return gcd_matmul_nt(c, in[0], in[1]); }
-static gcd_tensor *f_transpose(gcd_ctx *c, gcd_tensor **in) { return gcd_transpose(c, in[0]); }
 static gcd_tensor *f_normalize(gcd_ctx *c, gcd_tensor **in) { return gcd_normalize(c, in[0]); }
 static gcd_tensor *f_exp(gcd_ctx *c, gcd_tensor **in) { return gcd_exp(c, in[0]); }
 static gcd_tensor *f_scale(gcd_ctx *c, gcd_tensor **in) { return gcd_scale(c, in[0], in[1]); }
 static gcd_tensor *f_cross_entropy(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy(c, in[0], labels); }
+static gcd_tensor *f_cross_entropy_cols(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy_cols(c, in[0], labels); }
 
 typedef struct {
     const char *name;
@@ -48,11 +54,13 @@ static const op_case cases[] = {
     { "mse", f_mse, 2, { 1, 1 }, { { 7 }, { 7 } }, 1e-6, 1e-8, 0 },
     { "mse_zero_target", f_mse_zero, 1, { 1 }, { { 7 } }, 1e-6, 1e-8, 0 },
     { "matmul_nt", f_matmul_nt, 2, { 2, 2 }, { { 3, 5 }, { 4, 5 } }, 1e-6, 1e-8, 0 },
-    { "transpose", f_transpose, 1, { 2 }, { { 3, 5 } }, 1e-6, 1e-8, 0 },
     { "normalize", f_normalize, 1, { 2 }, { { 4, 6 } }, 1e-6, 1e-7, 0 },
     { "exp", f_exp, 1, { 2 }, { { 3, 3 } }, 1e-6, 1e-8, 0 },
     { "scale", f_scale, 2, { 2, 0 }, { { 3, 4 }, { 0 } }, 1e-6, 1e-8, 0 },
     { "cross_entropy", f_cross_entropy, 1, { 2 }, { { 4, 5 } }, 1e-6, 1e-8, 0 },
+    { "cross_entropy_cols", f_cross_entropy_cols, 1, { 2 }, { { 5, 4 } }, 1e-6, 1e-8, 0 },
+    { "linear_odd", f_linear, 3, { 2, 2, 1 }, { { 7, 3 }, { 5, 3 }, { 5 } }, 1e-6, 1e-8, 0 },
+    { "matmul_nt_odd", f_matmul_nt, 2, { 2, 2 }, { { 7, 3 }, { 1, 3 } }, 1e-6, 1e-8, 0 },
 };
 
 // sum(w * f(x)) without a graph
@@ -111,6 +119,214 @@ static void check_op(const op_case *oc, uint64_t seed) {
     gcd_arena_free(&a);
 }
 
+// Outputs are not zeroed (gcd_tensor_empty): every op must write its whole output. The arena is
+// dirtied with NaN and reset, so the op's outputs land on NaN; none may be left.
+static void ops_should_write_outputs_whole(const op_case *oc) {
+    gcd_arena a = { 0 };
+    gcd_ctx c = gcd_ctx_make(&a);
+    size_t dirty = 4u << 20;
+    double *d = gcd_arena_alloc(&a, dirty);
+    for (size_t i = 0; i < dirty / sizeof(double); i++) d[i] = NAN;
+    gcd_arena_reset(&a);
+    gcd_rng r = gcd_rng_make(9, 7);
+    gcd_tensor *in[MAXIN];
+    for (int i = 0; i < oc->nin; i++) {
+        in[i] = gcd_tensor_new(&c, oc->ndim[i], oc->shape[i]);
+        for (size_t k = 0; k < in[i]->n; k++) in[i]->data[k] = gcd_rng_normal(&r);
+    }
+    gcd_tensor *out = oc->f(&c, in);
+    size_t nan = 0;
+    for (size_t k = 0; k < out->n; k++) nan += isnan(out->data[k]);
+    CHECK(nan == 0, "%s: %zu of %zu output values left unwritten (NaN from the arena)", oc->name, nan, out->n);
+    gcd_arena_free(&a);
+}
+
+// ----------------------------------------------------------------------------
+// the BLAS kernels against the loops they replaced: the same sums, in another order
+
+static void ref_linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int i = 0; i < C; i++) s += x[n * C + i] * w[o * C + i];
+            out[n * OC + o] = s;
+        }
+}
+
+static void ref_linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,
+                                int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double d = dout[n * OC + o];
+            if (db) db[o] += d;
+            if (dx)
+                for (int i = 0; i < C; i++) dx[n * C + i] += d * w[o * C + i];
+            if (dw)
+                for (int i = 0; i < C; i++) dw[o * C + i] += d * x[n * C + i];
+        }
+}
+
+static void ref_matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += a[m * K + k] * b[n * K + k];
+            out[m * N + n] = s;
+        }
+}
+
+static void ref_matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double d = dout[m * N + n];
+            if (da)
+                for (int k = 0; k < K; k++) da[m * K + k] += d * b[n * K + k];
+            if (db)
+                for (int k = 0; k < K; k++) db[n * K + k] += d * a[m * K + k];
+        }
+}
+
+static double *randn(gcd_rng *r, size_t n) {
+    double *p = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) p[i] = gcd_rng_normal(r);
+    return p;
+}
+
+static double *dup_or_null(const double *p, size_t n) { return p ? memcpy(malloc(n * sizeof(double)), p, n * sizeof(double)) : NULL; }
+
+// max |got - want| / max |want| over n values; got NULL: both must be NULL
+static double rel_diff(const double *got, const double *want, size_t n) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs(got[i] - want[i])), m = fmax(m, fabs(want[i]));
+    return m > 0 ? d / m : d;
+}
+
+#define BLAS_TOL 1e-12
+
+static void expect_close(const char *what, int N, int C, int OC, const double *got, const double *want, size_t n, double *worst) {
+    if (!got && !want) return;
+    CHECK(got && want, "%s (%d,%d,%d): a gradient is NULL on one side only", what, N, C, OC);
+    if (!got || !want) return;
+    double rd = rel_diff(got, want, n);
+    *worst = fmax(*worst, rd);
+    for (size_t i = 0, shown = 0; i < n && shown < 3; i++)
+        if (!(fabs(got[i] - want[i]) <= BLAS_TOL * fmax(1, fabs(want[i])))) {
+            shown++;
+            CHECK(0, "%s (%d,%d,%d)[%zu]: blas %.17g, loops %.17g (max rel diff %.3g)", what, N, C, OC, i, got[i], want[i], rd);
+        }
+}
+
+// linear (N,C)->(N,OC) with or without bias; backward into prefilled gradients (+=), each one NULL in turn
+static void blas_should_match_loops(int N, int C, int OC, int bias, double *worst) {
+    gcd_rng r = gcd_rng_make((uint64_t)(N * 10007 + C * 101 + OC), 3);
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    double *x = randn(&r, nx), *w = randn(&r, nw), *b = bias ? randn(&r, OC) : NULL, *dout = randn(&r, no);
+    double *got = malloc(no * sizeof(double)), *want = malloc(no * sizeof(double));
+    for (size_t i = 0; i < no; i++) got[i] = NAN;   // outputs are written whole: what was there must not leak in
+    linear_forward(got, x, w, b, N, C, OC);
+    ref_linear_forward(want, x, w, b, N, C, OC);
+    expect_close(bias ? "linear forward" : "linear forward, no bias", N, C, OC, got, want, no, worst);
+    for (size_t i = 0; i < no; i++) got[i] = NAN;
+    matmul_nt_forward(got, x, w, N, OC, C);
+    ref_matmul_nt_forward(want, x, w, N, OC, C);
+    expect_close("matmul_nt forward", N, C, OC, got, want, no, worst);
+    for (int drop = -1; drop < 3; drop++) {   // -1: every gradient; else gradient `drop` is NULL
+        double *g0 = randn(&r, nx), *g1 = randn(&r, nw), *g2 = bias ? randn(&r, OC) : NULL;
+        double *gx = drop == 0 ? NULL : dup_or_null(g0, nx), *gw = drop == 1 ? NULL : dup_or_null(g1, nw), *gb = drop == 2 ? NULL : dup_or_null(g2, OC);
+        double *rx = drop == 0 ? NULL : dup_or_null(g0, nx), *rw = drop == 1 ? NULL : dup_or_null(g1, nw), *rb = drop == 2 ? NULL : dup_or_null(g2, OC);
+        linear_backward(gx, gw, gb, dout, x, w, N, C, OC);
+        ref_linear_backward(rx, rw, rb, dout, x, w, N, C, OC);
+        expect_close("linear backward dx", N, C, OC, gx, rx, nx, worst);
+        expect_close("linear backward dw", N, C, OC, gw, rw, nw, worst);
+        expect_close("linear backward db", N, C, OC, gb, rb, OC, worst);
+        if (drop < 2) {   // matmul_nt: a (N,C) = x, b (OC,C) = w
+            double *ma = drop == 0 ? NULL : dup_or_null(g0, nx), *mb = drop == 1 ? NULL : dup_or_null(g1, nw);
+            double *ra = drop == 0 ? NULL : dup_or_null(g0, nx), *rb2 = drop == 1 ? NULL : dup_or_null(g1, nw);
+            matmul_nt_backward(ma, mb, dout, x, w, N, OC, C);
+            ref_matmul_nt_backward(ra, rb2, dout, x, w, N, OC, C);
+            expect_close("matmul_nt backward da", N, C, OC, ma, ra, nx, worst);
+            expect_close("matmul_nt backward db", N, C, OC, mb, rb2, nw, worst);
+            free(ma), free(mb), free(ra), free(rb2);
+        }
+        free(g0), free(g1), free(g2), free(gx), free(gw), free(gb), free(rx), free(rw), free(rb);
+    }
+    free(x), free(w), free(b), free(dout), free(got), free(want);
+}
+
+// the same product twice, and with one BLAS thread or two: the same bits (ranks must agree exactly)
+static void blas_should_be_deterministic(void) {
+    int N = 256, C = 192, OC = 160, threads = openblas_get_num_threads();
+    gcd_rng r = gcd_rng_make(11, 3);
+    double *x = randn(&r, (size_t)N * C), *w = randn(&r, (size_t)OC * C);
+    double *out[3];
+    for (int t = 0; t < 3; t++) {
+        openblas_set_num_threads(t == 2 ? 2 : 1);
+        out[t] = malloc((size_t)N * OC * sizeof(double));
+        matmul_nt_forward(out[t], x, w, N, OC, C);
+    }
+    openblas_set_num_threads(threads);
+    CHECK(!memcmp(out[0], out[1], (size_t)N * OC * sizeof(double)), "matmul_nt: two runs differ");
+    CHECK(!memcmp(out[0], out[2], (size_t)N * OC * sizeof(double)), "matmul_nt: one thread and two differ");
+    for (int t = 0; t < 3; t++) free(out[t]);
+    free(x), free(w);
+}
+
+// a rank's share of the CPUs: all it may run on when alone, one when the ranks outnumber the CPUs
+static void blas_threads_should_share_cpus(void) {
+    int before = openblas_get_num_threads();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    gcd_blas_share_cpus(1);
+    int alone = openblas_get_num_threads();
+    gcd_blas_share_cpus((int)online + 1);
+    int crowded = openblas_get_num_threads();
+    cpu_set_t set, one;   // bound to one CPU (as Open MPI binds a rank), alone: still one thread
+    int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1, bound = -1;
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE && !CPU_COUNT(&one); i++)
+        if (CPU_ISSET(i, &set)) CPU_SET(i, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        gcd_blas_share_cpus(1);
+        bound = openblas_get_num_threads();
+        sched_setaffinity(0, sizeof set, &set);
+    }
+    openblas_set_num_threads(before);
+    CHECK(alone == (mine < online ? mine : online), "one rank: %d BLAS threads, expected the %d CPUs it may run on", alone, mine);
+    CHECK(crowded == 1, "%ld ranks on %ld CPUs: %d BLAS threads, expected 1", online + 1, online, crowded);
+    CHECK(bound == 1, "one rank bound to one CPU: %d BLAS threads, expected 1", bound);
+    printf("ok   blas threads: %d for one rank, %d bound to one CPU, %d for %ld ranks (%ld CPUs online)\n", alone, bound, crowded,
+           online + 1, online);
+}
+
+// a NaN anywhere in an input reaches the output, even against zero weights (the verdict counts them)
+static void blas_should_propagate_nan(void) {
+    double x[6] = { 1, NAN, 2, 3, 4, 5 }, w[6] = { 0 }, out[4];
+    linear_forward(out, x, w, NULL, 2, 3, 2);
+    CHECK(isnan(out[0]) && isnan(out[1]) && !isnan(out[2]), "linear: NaN in x row 0 must reach out row 0 only: %g %g %g", out[0], out[1], out[2]);
+}
+
+// column-wise cross-entropy equals the row-wise one of the transpose, bit for bit (the contrastive
+// probe's text side, and with it the reports, unchanged)
+static void cross_entropy_cols_should_equal_transposed_rows(void) {
+    enum { N = 6, C = 9 };
+    gcd_rng r = gcd_rng_make(5, 3);
+    double z[N * C], zt[C * N], prob[N * C], probt[C * N], work[2 * C], out, outt, dz[N * C] = { 0 }, dzt[C * N] = { 0 };
+    int label[C];
+    for (int i = 0; i < N * C; i++) z[i] = 3 * gcd_rng_normal(&r);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) zt[c * N + n] = z[n * C + c];
+    for (int c = 0; c < C; c++) label[c] = (c * 5) % N;
+    cross_entropy_cols_forward(&out, prob, work, z, label, N, C);
+    cross_entropy_forward(&outt, probt, zt, label, C, N);
+    CHECK(out == outt, "cross_entropy_cols: loss %.17g, rows of the transpose %.17g", out, outt);
+    double dout = 0.7;
+    cross_entropy_cols_backward(dz, &dout, prob, label, N, C);
+    cross_entropy_backward(dzt, &dout, probt, label, C, N);
+    int differ = 0;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) differ += prob[n * C + c] != probt[c * N + n] || dz[n * C + c] != dzt[c * N + n];
+    CHECK(differ == 0, "cross_entropy_cols: %d softmax or gradient values differ from the transpose's", differ);
+}
+
 // ----------------------------------------------------------------------------
 // None is absence, zero is a value
 
@@ -150,6 +366,7 @@ static void no_grad_and_detach_should_cut_the_graph(void) {
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (uint64_t seed = 1; seed <= 3; seed++) check_op(&cases[i], seed);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) ops_should_write_outputs_whole(&cases[i]);
     // relu at its kink: the gradient at exactly 0 is 0, as in torch
     double dx = 0;
     relu_backward(&dx, (double[]){ 1.0 }, (double[]){ 0.0 }, 1);
@@ -159,6 +376,15 @@ int main(void) {
     normalize_forward(out, &norm, (double[]){ 0, 0, 0 }, 1, 3);
     normalize_backward(g, (double[]){ 1, 1, 1 }, out, &norm, 1, 3);
     CHECK(out[0] == 0 && isfinite(g[0]) && g[0] == 1e12, "normalize(0): out %g grad %g", out[0], g[0]);
+    static const int shapes[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 64, 33, 17 }, { 17, 64, 33 }, { 1, 40, 3 }, { 129, 2, 65 } };
+    double worst = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int bias = 0; bias < 2; bias++) blas_should_match_loops(shapes[i][0], shapes[i][1], shapes[i][2], bias, &worst);
+    printf("%s blas vs loops: max relative difference %.2e (tol %.0e)\n", worst <= BLAS_TOL ? "ok  " : "FAIL", worst, BLAS_TOL);
+    blas_should_be_deterministic();
+    blas_should_propagate_nan();
+    blas_threads_should_share_cpus();
+    cross_entropy_cols_should_equal_transposed_rows();
     none_should_differ_from_zero();
     no_grad_and_detach_should_cut_the_graph();
     printf("%s: %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);
