@@ -43,6 +43,8 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len);
 // The same from memory (name: for the messages).
 cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len);
 double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
+// A run's setup (initial weights, every rank's inputs): read it only through this.
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 
 // ----------------------------------------------------------------------------
 // renderings: malloc'd text

@@ -303,3 +303,8 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     }
     add_findings(r, res);
 }
+
+const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run) {
+    (void)doc;
+    return cJSON_GetObjectItem(run, "setup");
+}
