@@ -509,7 +509,9 @@ static const char py_main[] =
     "        for name in PARAMS:\n"
     "            print(f\"{name:16} {got[name]!r:>24} {expected[name]!r:>24}\")\n"
     "    dist.barrier()\n"
-    "    dist.destroy_process_group()\n\n\n"
+    "    dist.destroy_process_group()\n"
+    "    sys.stdout.flush()\n"
+    "    os._exit(0)  # past gloo's destructor, which can hang at exit in torch 1.13\n\n\n"
     "if __name__ == \"__main__\":\n"
     "    with tempfile.TemporaryDirectory() as d:\n"
     "        mp.spawn(worker, args=(os.path.join(d, \"init\"), single_process()), nprocs=WORLD)\n";

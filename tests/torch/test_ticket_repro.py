@@ -12,6 +12,7 @@ per check and `N passed, M failed`; exits 1 on any failure, a missing torch incl
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,19 +60,26 @@ for k, (args, from_json) in enumerate(RUNS):
     script = m.group(2)
     check(("PARAMS, INPUTS = None, None" in script) == from_json, f"{what}: weights and inputs {'from the JSON report' if from_json else 'inline'}")
     open(f"repro{k}.py", "w").write(script)
-    p = subprocess.run([sys.executable, f"repro{k}.py"] + ([name] if from_json else []), capture_output=True, text=True, timeout=240)
-    if not check(p.returncode == 0, f"{what}: the script runs", p.stdout + p.stderr):
+    p = subprocess.Popen([sys.executable, f"repro{k}.py"] + ([name] if from_json else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)   # the script and its workers
+        out, err = p.communicate()
+        err = f"no result within 240 s: {err}"
+    if not check(p.returncode == 0, f"{what}: the script runs", out + err):
         continue
     run = next(r for r in json.load(open(name))["runs"] if r["role"] == "test")
     printed = {}
-    for line in p.stdout.split("\n"):
+    for line in out.split("\n"):
         f = line.split()
         if len(f) == 3 and f[0] != "parameter":
             printed[f[0]] = (None if f[1] == "None" else float(f[1]), float(f[2]))
     for q in run["params"]:
         g, ref = printed.get(q["name"], ("missing", None))
         if g == "missing":
-            check(False, f"{what}: {q['name']} printed", p.stdout)
+            check(False, f"{what}: {q['name']} printed", out)
             continue
         if q["status"] == "none":
             check(g is None, f"{what}: {q['name']}: None in torch as in the report", g)
