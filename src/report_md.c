@@ -63,6 +63,18 @@ static void py_num(gcd_sb *b, double v) {
     gcd_sb_printf(b, "%s", buf);
 }
 
+// a Python string literal: quotes, backslashes and control characters escaped, so that no name in a
+// report can end the string and put code into the script
+static void py_str(gcd_sb *b, const char *s) {
+    gcd_sb_printf(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
+        else if (*p < 0x20 || *p == 0x7f) gcd_sb_printf(b, "\\x%02x", *p);
+        else gcd_sb_printf(b, "%c", *p);
+    }
+    gcd_sb_printf(b, "\"");
+}
+
 // ----------------------------------------------------------------------------
 // the title: the finding in the library's words
 
@@ -73,7 +85,10 @@ static void library(gcd_sb *b, const cJSON *run) {
     int depth = 0;
     for (; *p && (depth || !(*p == ',' || *p == ';' || (*p == ' ' && p[1] == '='))); p++) depth += (*p == '(') - (*p == ')');
     if (p == s) return gcd_sb_printf(b, "gather mode %s", or_dash(gcd_jstr(run, "mode")));
-    gcd_sb_append(b, s, (size_t)(p - s > 160 ? 160 : p - s));
+    char *clause = gcd_strdup(s);   // through cell: no newline ends the title or the script's comment
+    clause[p - s] = 0;
+    cell_max(b, clause, 160);
+    free(clause);
 }
 
 static int starts_with(const char *s, const char *prefix, size_t n) { return !strncmp(s, prefix, n) && s[n] == '.'; }
@@ -367,7 +382,9 @@ static int py_values(gcd_sb *out, const cJSON *setup) {
     gcd_sb_printf(&b, "PARAMS = {  # name: (shape, initial values)\n");
     cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(setup, "params")) {
         if (!ok) break;
-        gcd_sb_printf(&b, "    \"%s\": (", gcd_jstr(p, "name"));
+        gcd_sb_printf(&b, "    ");
+        py_str(&b, gcd_jstr(p, "name"));
+        gcd_sb_printf(&b, ": (");
         py_shape(&b, p);
         gcd_sb_printf(&b, ", ");
         ok = py_list(&b, cJSON_GetObjectItemCaseSensitive(p, "init"), SCRIPT_VALUES_MAX) && b.len < SCRIPT_VALUES_MAX;
@@ -378,7 +395,9 @@ static int py_values(gcd_sb *out, const cJSON *setup) {
         gcd_sb_printf(&b, "    {");
         cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(r, "tensors")) {
             if (!ok) break;
-            gcd_sb_printf(&b, "%s\"%s\": (", t == cJSON_GetObjectItemCaseSensitive(r, "tensors")->child ? "" : ", ", gcd_jstr(t, "name"));
+            gcd_sb_printf(&b, "%s", t == cJSON_GetObjectItemCaseSensitive(r, "tensors")->child ? "" : ", ");
+            py_str(&b, gcd_jstr(t, "name"));
+            gcd_sb_printf(&b, ": (");
             py_shape(&b, t);
             gcd_sb_printf(&b, ", ");
             ok = py_list(&b, cJSON_GetObjectItemCaseSensitive(t, "data"), SCRIPT_VALUES_MAX) && b.len < SCRIPT_VALUES_MAX;

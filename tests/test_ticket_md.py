@@ -70,6 +70,23 @@ t = md("avg.json")
 check(t.split("\n")[0] == "# Horovod allgather (backward averages over ranks): fc1.weight, fc1.bias get x0.5 the gradient (1/world) at world 2",
       "run title (avg)", t.split("\n")[0])
 
+# ---- hostile names cannot put code into the script: it parses, and PARAMS holds the name exactly
+import ast  # noqa: E402
+import re  # noqa: E402
+evil = json.load(open("off.json"))
+name = 'x"): 1}\nimport os; os.system("echo PWNED")  # \\\' \x01'
+evil["runs"][0]["setup"]["params"][0]["name"] = evil["runs"][0]["params"][0]["name"] = name
+evil["runs"][0]["library"] = 'Lightning\nimport os; os.system("echo PWNED")'
+json.dump(evil, open("evil.json", "w"))
+m = re.search(r"^(`{3,})python\n(.*?)^\1$", md("evil.json"), re.S | re.M)
+try:
+    tree = ast.parse(m.group(2))
+    params = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARAMS")
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "system"]
+    check(name in params and not calls, "hostile names stay strings in the script", list(params)[:1])
+except (AttributeError, SyntaxError, StopIteration, ValueError) as e:
+    check(False, "hostile names stay strings in the script", e)
+
 # ---- a check report: the title from its findings, the versions its dumps recorded
 names = ["visual.conv.weight", "visual.conv.bias", "visual.proj.weight", "text.proj.weight", "logit_scale"]
 os.mkdir("dumps")
