@@ -11,6 +11,18 @@
 
 #include "report.h"
 
+// The renderings read a run's setup through gcd_report_run_setup (report_json.c, which this target does
+// not build: it needs the engine). Weak: where report_json.c is linked in, its definition is the one.
+__attribute__((weak)) const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(run, "setup"), *e, *probe = cJSON_GetObjectItemCaseSensitive(run, "probe");
+    if (s || !cJSON_IsString(probe)) return s;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "setups")) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "probe");
+        if (cJSON_IsString(p) && !strcmp(p->valuestring, probe->valuestring)) return e;
+    }
+    return NULL;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[1024];
     cJSON *doc = gcd_report_parse((const char *)data, size, "fuzz", err, sizeof err);
