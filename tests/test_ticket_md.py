@@ -183,6 +183,7 @@ base = json.load(open("summary.json"))
 t = sized(largest_run(base, elided=False), "largest_run.json")
 check("PARAMS, INPUTS = None, None" in t, "largest run: the script reads the weights and inputs from the JSON report")
 check("node0000.a-long-cluster-domain.example.org x8" in t and " and 504 more" in t, "largest run: 4096 hosts said in one short line")
+check("\n- NCCL 2.21.5, CUDA 12.4\n" in t, "largest run: the NCCL and CUDA versions")
 sized(largest_run(base, elided=True), "largest_run_elided.json", validate=False)   # the contract's elided tensors
 # not validated: the schema rejects the check reports the tool writes today (shape and dtype null for a
 # parameter no rank has a gradient for), which belongs to the reports' owners
