@@ -133,7 +133,7 @@ static void finding_words(gcd_sb *b, const cJSON *run, const cJSON *f) {
     if (!known || !cJSON_GetArraySize(list)) return cell_max(b, gcd_jstr(f, "message"), 200);
     gcd_sb who = { 0 };
     int many = names(&who, run, list) > 1;
-    gcd_sb_printf(b, "%s %s ", who.s, many ? "get" : "gets");
+    gcd_sb_printf(b, "%s %s ", who.s ? who.s : "?", many ? "get" : "gets");
     gcd_sb_free(&who);
     double c = gcd_jnum(p, "scale");
     if (!strcmp(kind, "none")) gcd_sb_printf(b, "no gradient");
