@@ -107,7 +107,7 @@ assert not root.findall(".//failure"), "a passing run has no failure"
 assert not root.findall(".//skipped"), "the six controls that behaved pass (test_junit.sh checks the rest)"
 PY
 "$G" report run.json --format md >run.md || fail "report --format md failed"
-for want in '^# gradcheck-dist: ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
+for want in '^# No gradient finding under Lightning all_gather(sync_grads=True) at world 4 ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
     grep -q -- "$want" run.md || fail "the Markdown has no line matching $want"
 done
 
@@ -186,7 +186,7 @@ grep -q "^  all   - world 1: a one-rank process group" w1.txt || fail "world 1: 
 # ---- with findings: the Markdown's title names the first one, JUnit fails it
 "$G" run --world 2 --probe contrastive --mode off,on --json off.json >/dev/null 2>&1
 [ $? = 1 ] || fail "--mode off,on must exit 1"
-"$G" report off.json --format md | head -1 | grep -q "only 1 of 5 parameters receives a gradient" || fail "md title: $("$G" report off.json --format md | head -1)"
+"$G" report off.json --format md | head -1 | grep -qF "# Lightning all_gather(sync_grads=False): img.weight, img.bias, txt.weight, txt.bias get no gradient at world 2" || fail "md title: $("$G" report off.json --format md | head -1)"
 "$G" report off.json --format md | grep -qF '  - path: `img.weight -> linear(img) -> normalize -> all_gather[off] ✂ under no_grad' ||
     fail "the Markdown must show the chain under the finding"
 "$PY" - off.json <<'PY' || fail "off.json: every encoder tensor must break at the gather, logit_scale nowhere"
