@@ -300,7 +300,7 @@ void gcd_verdict(gcd_run_result *res) {
         for (int j = 0; j < i; j++) seen |= same_scale(&res->param[j], &p->scale);
         if (p->status != GCD_ST_SCALED || seen) continue;
         n = names(res, same_scale, &p->scale, &m, &ids);
-        gcd_sb_printf(&m, " %s x%.6g the reference", plural(n, "gradient is", "gradients are"), p->scale);
+        gcd_sb_printf(&m, " %s the reference x%.6g", plural(n, "gradient is", "gradients are"), p->scale);
         if (fabs(p->scale * res->world - 1) <= 1e-6) gcd_sb_printf(&m, " (= 1/world)");
         st = GCD_ST_OK;
         int ok = count(res, by_status, &st);

@@ -114,7 +114,7 @@ done
 # ---- the words: the key, one spelling for factors, a result that says what it means
 grep -qF "(control) a configuration known to drop or scale gradients, which the tool must catch" run.txt || fail "no key for (control): $(grep -A2 '^key' run.txt)"
 grep -q "^key: ! a finding; - a note; (test) the configuration under test" run.txt || fail "the key must explain !, - and (test): $(grep -A2 '^key' run.txt)"
-grep -q "gradients are x0.25 the reference (= 1/world) while fc2.weight and fc2.bias are x1$" run.txt || fail "scales are written x0.25: $(grep 'the reference (=' run.txt)"
+grep -q "gradients are the reference x0.25 (= 1/world) while fc2.weight and fc2.bias are x1$" run.txt || fail "scales are written x0.25: $(grep 'the reference (=' run.txt)"
 grep -Eq "[0-9]x( |$)" run.txt && fail "a factor is written 0.25x: $(grep -E '[0-9]x( |$)' run.txt)"
 grep -A1 "^result: pass (exit 0)$" run.txt | grep -qx "  pass: the configuration under test is clean and every known-bad configuration was caught" ||
     fail "result: pass must say what it means: $(tail -3 run.txt)"
