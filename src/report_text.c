@@ -171,6 +171,36 @@ static void wrap(gcd_sb *b, int width, const char *lead, const char *text) {
     gcd_sb_printf(b, "\n");
 }
 
+// A gradient path, broken before its arrows: "path: a -> b" then "-> c" lines under it; a step too
+// long for a line of its own is broken at its spaces, under its first word.
+static void wrap_path(gcd_sb *b, int width, const char *chain) {
+    static const char lead[] = "          path: ", arrow[] = " -> ";
+    int hang = (int)sizeof lead - 1 - 3, at = hang + 3;
+    gcd_sb_printf(b, "%s", lead);
+    for (const char *s = chain, *e; *s; s = e + (*e ? sizeof arrow - 1 : 0)) {
+        e = strstr(s, arrow);
+        if (!e) e = s + strlen(s);
+        int c = ncols(s, (size_t)(e - s));
+        if (s == chain || at + 4 + c <= width) {
+            gcd_sb_printf(b, "%s%.*s", s == chain ? "" : arrow, (int)(e - s), s), at += (s == chain ? 0 : 4) + c;
+            continue;
+        }
+        gcd_sb_printf(b, "\n%*s->", hang, ""), at = hang + 2;
+        int lines = 1;
+        for (const char *w = s; w < e;) {   // the step's words
+            if (*w == ' ') { w++; continue; }
+            const char *sp = memchr(w, ' ', (size_t)(e - w));
+            size_t n = sp ? (size_t)(sp - w) : (size_t)(e - w);
+            int wc = ncols(w, n);
+            if (at > hang + 2 && at + 1 + wc > width) gcd_sb_printf(b, "\n%*s", hang + 2, ""), at = hang + 2, lines++;
+            gcd_sb_printf(b, " %.*s", (int)n, w), at += 1 + wc;
+            w += n;
+        }
+        if (lines > 1) at = width;   // the next step starts a line of its own
+    }
+    gcd_sb_printf(b, "\n");
+}
+
 // ----------------------------------------------------------------------------
 // the text report
 
@@ -368,7 +398,7 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, i
             wrap(b, width, line, msg);
             const cJSON *p = gcd_finding_param(cols[c], f);
             gcd_sb chain = { 0 };
-            if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "          path: %s\n", chain.s);   // one line, however long: it is copied whole
+            if (p && gcd_chain(&chain, p)) wrap_path(b, width, chain.s);
             gcd_sb_free(&chain);
         }
     }
