@@ -58,6 +58,10 @@ def fmt_s(r):
     return f"rc={r[2]}" if r[2] else f"{r[0]:.3f}"
 
 
+def size(n):
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def ratio(a, b):
     return "n/a" if a[2] or b[2] else f"{a[0] / b[0]:.2f}"
 
@@ -149,7 +153,7 @@ def main():
                 for opt, key in (([], "json"), (["--summary-only"], "summary")):
                     path = os.path.join(tmp, f"{key}.json")
                     wall, _, rc, _ = timed([g, *base, *opt, "--json", path], tmp)
-                    r[f"{n} {key}"] = f"rc={rc}" if rc else f"{os.path.getsize(path) / 2**20:.1f} MiB ({wall:.1f} s)"
+                    r[f"{n} {key}"] = f"rc={rc}" if rc else f"{size(os.path.getsize(path))} ({wall:.1f} s)"
                     os.remove(path) if os.path.exists(path) else None
             rows.append((label, r))
             print(f"  measured {label}", file=sys.stderr, flush=True)

@@ -240,6 +240,9 @@ def main():
         if not runs:
             sys.exit(f"bench_torch: --check {a.check}: no contrastive run without --local-loss")
         a.world = runs[0]["world"]
+        setup = setup_of(json.load(open(a.check)), runs[0])   # one message here, not one per worker
+        for t in setup["params"] + [t for i in setup["inputs"] for t in i["tensors"]]:
+            values(t.get("init", t.get("data")), f"setup {t['name']}")
     if a.world < 1 or min(a.batch, a.dim_img, a.dim_txt, a.dim_emb) < 1:
         sys.exit("bench_torch: --world, --batch and the dims must be >= 1")
     threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // a.world))
@@ -261,8 +264,8 @@ def main():
     if None in codes and not any(codes):
         print(f"bench_torch: the workers did not finish within {a.timeout:g} s (killed)", file=sys.stderr)
         sys.exit(3)
-    if codes[0] in (1, 2):
-        sys.exit(codes[0])
+    if codes[0] == 1 or 2 in codes:   # a difference (rank 0 compares), a report it cannot replay
+        sys.exit(1 if codes[0] == 1 else 2)
     if any(codes):
         print(f"bench_torch: worker exit codes {codes}", file=sys.stderr)
         sys.exit(3)
