@@ -112,15 +112,13 @@ def worker(a):
             params = [(torch.rand(*s, generator=g, dtype=torch.float64) * 2 - 1) / d ** 0.5
                       for s, d in (((E, Di), Di), ((E,), Di), ((E, Dt), Dt), ((E,), Dt))]
             params.append(torch.tensor(1 / 0.07, dtype=torch.float64).log())
-            xs = []
-            for r in range(W if rank == 0 else 0):   # rank 0 rebuilds everyone's inputs for the reference
+
+            def rank_inputs(r):   # x_img (B,Di), x_txt (B,Dt) of rank r, from its own seed
                 g = torch.Generator().manual_seed(a.seed * 1000003 + 1 + r)
-                xs.append((torch.randn(B, Di, generator=g, dtype=torch.float64),
-                           torch.randn(B, Dt, generator=g, dtype=torch.float64)))
-            if rank != 0:
-                g = torch.Generator().manual_seed(a.seed * 1000003 + 1 + rank)
-                xs = [None] * rank + [(torch.randn(B, Di, generator=g, dtype=torch.float64),
-                                       torch.randn(B, Dt, generator=g, dtype=torch.float64))]
+                return (torch.randn(B, Di, generator=g, dtype=torch.float64),
+                        torch.randn(B, Dt, generator=g, dtype=torch.float64))
+            # rank 0 rebuilds every rank's inputs for the reference, as gradcheck-dist's rank 0 does
+            xs = [rank_inputs(r) if rank in (0, r) else None for r in range(W)]
             modes = list(MODES) if a.modes == "all" else ["on"]
         p = [t.requires_grad_() for t in params]
         dist.init_process_group("gloo", init_method="file://" + a.store, rank=rank, world_size=W,
