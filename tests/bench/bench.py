@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int)
     a = ap.parse_args()
+    if a.reps is not None and a.reps < 1:
+        ap.error("--reps must be >= 1")
     gcds = {"new": os.path.realpath(a.new)}
     if a.old:
         gcds["old"] = os.path.realpath(a.old)

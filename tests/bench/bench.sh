@@ -14,7 +14,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) opts+=("$1") ;;
         --reps) opts+=("$1" "${2:?--reps needs a number}"); shift ;;
-        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
         -*) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
         *) bins+=("$1") ;;
     esac
