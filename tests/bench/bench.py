@@ -134,8 +134,8 @@ def main():
     # ---- 2. contrastive vs PyTorch
     print(f"\ncontrastive Di=512 Dt=256 E=128, world 4: `run --no-json` vs PyTorch (bench_torch.py); median s of {big_reps}; "
           "torch/gcd > 1: gradcheck-dist faster")
-    print("peak MiB: resident memory of the largest process; report: written with default options / --summary-only, "
-          "size (wall s of that one run)")
+    t_cols = [f"{n} s" for n in gcds] + (["torch s"] + [f"torch/{n}" for n in gcds] + ["torch compute s"] if torch_ok else [])
+    print(f"{'':17}" + "".join(f" {c:>15}" for c in t_cols), flush=True)
     rows = []
     for b in batches:
         for modes in ("on", "all"):
@@ -148,9 +148,12 @@ def main():
                 cmds["torch"] = ["/usr/bin/python3", os.path.join(HERE, "bench_torch.py"), "--world", "4",
                                  "--batch", str(b), *DIMS, "--modes", modes]
             r = paired(cmds, big_reps, tmp)
-            if torch_ok and not r["torch"][2]:
+            cells = [fmt_s(r[n]) for n in gcds]
+            if torch_ok:
                 comp = [float(m.group(1)) for out in r["torch"][3] for m in re.finditer(r"torch_compute_s (\S+)", out)]
-                r["torch compute"] = statistics.median(comp) if comp else float("nan")
+                cells += [fmt_s(r["torch"])] + [ratio(r["torch"], r[n]) for n in gcds]
+                cells += [f"{statistics.median(comp):.3f}" if comp and not r["torch"][2] else "n/a"]
+            print(f"{label:17}" + "".join(f" {c:>15}" for c in cells), flush=True)
             for n, g in gcds.items():
                 for opt, key in (([], "json"), (["--summary-only"], "summary")):
                     path = os.path.join(tmp, f"{key}.json")
@@ -158,18 +161,11 @@ def main():
                     r[f"{n} {key}"] = f"rc={rc}" if rc else f"{size(os.path.getsize(path))} ({wall:.1f} s)"
                     os.remove(path) if os.path.exists(path) else None
             rows.append((label, r))
-            print(f"  measured {label}", file=sys.stderr, flush=True)
 
-    t_cols = [f"{n} s" for n in gcds] + (["torch s"] + [f"torch/{n}" for n in gcds] + ["torch compute s"] if torch_ok else [])
-    print(f"{'':17}" + "".join(f" {c:>15}" for c in t_cols))
-    for label, r in rows:
-        cells = [fmt_s(r[n]) for n in gcds]
-        if torch_ok:
-            cells += [fmt_s(r["torch"])] + [ratio(r["torch"], r[n]) for n in gcds]
-            cells += [f"{r['torch compute']:.3f}" if "torch compute" in r else "n/a"]
-        print(f"{label:17}" + "".join(f" {c:>15}" for c in cells))
+    print("\npeak MiB: resident memory of the largest process; report: written with default options / --summary-only, "
+          "size (wall s of that one run)")
     m_cols = [f"{n} peak MiB" for n in gcds] + (["torch peak MiB"] if torch_ok else [])
-    print(f"\n{'':17}" + "".join(f" {c:>15}" for c in m_cols) + "".join(f" {n + ' report':>20} {n + ' summary-only':>20}" for n in gcds))
+    print(f"{'':17}" + "".join(f" {c:>15}" for c in m_cols) + "".join(f" {n + ' report':>20} {n + ' summary-only':>20}" for n in gcds))
     for label, r in rows:
         cells = [f"{r[n][1]:.0f}" for n in gcds] + ([f"{r['torch'][1]:.0f}"] if torch_ok else [])
         print(f"{label:17}" + "".join(f" {c:>15}" for c in cells) + "".join(f" {r[n + ' json']:>20} {r[n + ' summary']:>20}" for n in gcds))
