@@ -1,36 +1,32 @@
 #!/usr/bin/env bash
-# Figures, not pass/fail: launch cost, the default run, and a large contrastive run (time and the
-# peak resident memory of the largest rank). Shared, noisy machines: read medians, compare like with like.
-# usage: bash tests/bench/bench.sh [path/to/gradcheck-dist]
+# Figures, not pass/fail: `gradcheck-dist run` against an MPI hello (launch, worlds 1-32) and against
+# the same contrastive work in PyTorch (B=256 and 1024, mode on and all modes, world 4): medians,
+# ratios, peak memory, report sizes, in one run. With OLD too, before and after side by side.
+# Shared, noisy machines: the header prints the load; compare like with like. See bench.py for details.
+# usage: bash tests/bench/bench.sh [--quick] [--reps N] [NEW [OLD]]     (NEW: build/gradcheck-dist)
+#   OLD from main: git clone -q /work/main /tmp/gcd-base && cmake -S /tmp/gcd-base -B /tmp/gcd-base/build
+#                  && cmake --build /tmp/gcd-base/build -j2      -> /tmp/gcd-base/build/gradcheck-dist
+# Measured on the 2-core build machine: --quick with NEW only 56 s (load average ~3); everything with
+# OLD and --reps 1 26 min (load average 4-9, other builds running); the default reps take longer.
 set -u
-G=$(realpath "${1:-build/gradcheck-dist}")
-cd "$(mktemp -d)" || exit 1
-root=()
-[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
-/usr/bin/python3 - "$G" "${root[@]}" <<'PY'
-import os, resource, statistics, subprocess, sys, time
-g, extra = sys.argv[1], sys.argv[2:]
-
-def measure(cmd, reps):
-    walls = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        walls.append(time.perf_counter() - t)
-    return statistics.median(walls), min(walls)
-
-rows = [
-    ("mpirun -np 4 true (bare launch)", ["mpirun", "-q", "--oversubscribe", *extra, "-np", "4", "true"], 5),
-    ("gradcheck-dist run --world 4", [g, "run", "--world", "4", "--no-json"], 5),
-    ("run --world 4 --steps 20", [g, "run", "--world", "4", "--steps", "20", "--no-json"], 3),
-    ("contrastive B=256 Di=512 Dt=256 E=128, world 4, 4 modes", [g, "run", "--world", "4", "--probe", "contrastive", "--batch", "256",
-      "--dim-img", "512", "--dim-txt", "256", "--dim-emb", "128", "--summary-only", "--json", "big.json"], 1),
-]
-print(f"{'what':58} {'median s':>9} {'min s':>7}")
-for name, cmd, reps in rows:
-    med, lo = measure(cmd, reps)
-    print(f"{name:58} {med:9.3f} {lo:7.3f}")
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(f"peak resident memory of the largest process: {rss:.0f} MiB")
-print(f"report of the large run (summary only): {os.path.getsize('big.json') / 1024:.0f} KiB")
-PY
+here=$(cd "$(dirname "$0")" && pwd)
+opts=() bins=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) opts+=("$1") ;;
+        --reps) opts+=("$1" "${2:?--reps needs a number}"); shift ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        -*) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
+        *) bins+=("$1") ;;
+    esac
+    shift
+done
+[ ${#bins[@]} -le 2 ] || { echo "bench.sh: at most two binaries, NEW and OLD" >&2; exit 2; }
+[ ${#bins[@]} -ge 1 ] || bins=(build/gradcheck-dist)
+for b in "${bins[@]}"; do
+    [ -x "$b" ] || { echo "bench.sh: $b: not an executable (build it first)" >&2; exit 2; }
+done
+tmp=$(mktemp -d) || exit 3
+trap 'rm -rf "$tmp"' EXIT
+mpicc -O2 -o "$tmp/mpi_hello" "$here/mpi_hello.c" || { echo "bench.sh: mpicc cannot build mpi_hello.c" >&2; exit 3; }
+/usr/bin/python3 "$here/bench.py" --hello "$tmp/mpi_hello" "${opts[@]}" "${bins[@]}"
