@@ -218,8 +218,26 @@ static int report_path_ok(const char *flag, const char *path) {
 }
 
 // --junit PATH: as --json's, and not the same file (or both stdout)
+// a path's directory, resolved, and its last name: two spellings of one new file compare equal
+static int same_place(const char *a, const char *b) {
+    char d[2][PATH_MAX], *r[2];
+    const char *p[2] = { a, b }, *base[2];
+    for (int i = 0; i < 2; i++) {
+        const char *slash = strrchr(p[i], '/');
+        snprintf(d[i], sizeof d[i], "%.*s", slash ? (int)(slash - p[i]) + 1 : 1, slash ? p[i] : ".");
+        base[i] = slash ? slash + 1 : p[i];
+        r[i] = realpath(d[i], NULL);
+    }
+    int same = r[0] && r[1] && !strcmp(r[0], r[1]) && !strcmp(base[0], base[1]);
+    free(r[0]), free(r[1]);
+    return same;
+}
+
 static int junit_path_ok(const char *junit, const char *json) {
-    if (json && !strcmp(junit, json)) return bad("--junit", "'%s' is also the --json path: give each its own", junit);
+    struct stat a, b;
+    int same = json && (!strcmp(junit, json) || (stat(junit, &a) == 0 && stat(json, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) ||
+                        (strcmp(junit, "-") && strcmp(json, "-") && same_place(junit, json)));
+    if (same) return bad("--junit", "'%s' is also the --json path: give each its own", junit);
     return report_path_ok("--junit", junit);
 }
 
@@ -444,6 +462,7 @@ static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
         if (r == 0) {
             if (reaped) return 1;
             reaped = waitpid(pid, status, WNOHANG) == pid;
+            if (reaped) mpirun_pid = 0;   // its pid may be reused: forward no signal to it
             continue;
         }
         ssize_t k = read(fd, buf, sizeof buf);
@@ -463,6 +482,18 @@ static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
             } else m->line[m->n++] = buf[i];
         }
     }
+}
+
+// Rank 0 reserved a default report name and was killed before it wrote there: the empty file goes
+// (whole or absent). Only a default name: an empty file at a --json path was the user's.
+static void drop_empty_default(const char *dir) {
+    char path[PATH_MAX + 32], report[PATH_MAX] = "";
+    struct stat st;
+    snprintf(path, sizeof path, "%s/report", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(report, sizeof report, f) && lstat(report, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) unlink(report);
+    fclose(f);
 }
 
 // After a rank's death: name it, and put its name into the error report rank 0 left ("ended by signal")
@@ -520,7 +551,7 @@ static int launch(const options *o, int argc, char **argv) {
     setenv("GCD_LAUNCHER_PID", me, 1);
     // the ranks' stdout and stderr are pipes: rank 0 learns the table's width and whether stderr is a terminal here
     char columns[16];
-    snprintf(columns, sizeof columns, "%d", gcd_text_width(o->json && !strcmp(o->json, "-") ? 2 : 1));
+    snprintf(columns, sizeof columns, "%d", gcd_text_width((o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? 2 : 1));
     setenv("GCD_COLUMNS", columns, 1);
     setenv("GCD_PROGRESS", isatty(2) ? "tty" : "lines", 0);
     int err_pipe[2];
@@ -575,10 +606,12 @@ static int launch(const options *o, int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
+    signal(SIGPIPE, SIG_IGN);   // a closed stderr is EPIPE to forward_stderr, not the launcher's death
     pid_t parent = getpid(), pid = fork();
     if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
     if (pid == 0) {
         for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
+        signal(SIGPIPE, SIG_DFL);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(3);   // the launcher died before the line above
         int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
@@ -609,6 +642,7 @@ static int launch(const options *o, int argc, char **argv) {
         unlink(result);
     }
     if (!caught && code < 0 && log.sig) name_the_dead(&log, dir);
+    if (code < 0 && !o->json && !o->no_json) drop_empty_default(dir);
     static const char *const left[] = { "ranks", "report", "interrupted" };
     for (int i = 0; i < 3; i++) {
         char f[PATH_MAX + 32];
@@ -712,7 +746,9 @@ static void progress_done(int steps) {
 // A path that could not be written is emptied (a reserved default name removed). Returns the code.
 static int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds) {
     char *path[2] = { json, junit };
-    for (int i = 0; i < 2; i++) {
+    int junit_first = !strcmp(json, "-");   // stdout takes one document: the JSON last, never written twice
+    for (int k = 0; k < 2; k++) {
+        int i = k ^ junit_first;
         char err[PATH_MAX + 128], *xml = NULL;
         if (!path[i][0]) continue;
         int rc = i ? gcd_text_write(xml = gcd_render_junit(doc), "--junit", path[i], err, sizeof err) : gcd_report_write(doc, path[i], err, sizeof err);
@@ -724,7 +760,7 @@ static int write_reports(cJSON *doc, char *json, int reserved, char *junit, int 
         if (code == 3) continue;   // the document already says what failed first
         code = 3;
         gcd_report_finish(doc, 3, err, 0, seconds);
-        if (i && json[0] && gcd_report_write(doc, json, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        if (i && !junit_first && json[0] && gcd_report_write(doc, json, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
     }
     return code;
 }
@@ -992,7 +1028,7 @@ static int check_main(int argc, char **argv) {
             o.tol = strtod(v, &end);
             if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(flag, "expected a number between 0 and 1, got '%s'", v);
         } else {
-            static const char *const known[] = { "--ref", "--ignore", "--tol", "--json", "--no-json", "--snippet", "--help", NULL };
+            static const char *const known[] = { "--ref", "--ignore", "--tol", "--json", "--no-json", "--junit", "--snippet", "--help", NULL };
             rc = unknown("unknown option", flag, known);
         }
     }

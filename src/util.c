@@ -1,5 +1,8 @@
 #include "util.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,7 +22,13 @@ void gcd_fatal_setup(int rank, void (*abort_job)(int code), void (*hook)(const c
     fatal_hook = hook;
 }
 
-void gcd_fatal_hook(void (*hook)(const char *message)) { fatal_hook = hook; }
+static pthread_t fatal_owner;   // the thread that set the hook: the only one that may run it (and MPI)
+static int fatal_owned;
+
+void gcd_fatal_hook(void (*hook)(const char *message)) {
+    fatal_hook = hook;
+    fatal_owner = pthread_self(), fatal_owned = 1;
+}
 
 void gcd_fatal_at(const char *file, int line, const char *fmt, ...) {
     char msg[1024];
@@ -30,6 +39,7 @@ void gcd_fatal_at(const char *file, int line, const char *fmt, ...) {
     if (fatal_rank >= 0) fprintf(stderr, "gradcheck-dist: rank %d: %s (%s:%d)\n", fatal_rank, msg, file, line);
     else fprintf(stderr, "gradcheck-dist: %s (%s:%d)\n", msg, file, line);
     fflush(stderr);
+    if (fatal_owned && !pthread_equal(pthread_self(), fatal_owner)) _exit(3);   // a helper thread (rank 0's reference): no MPI from here
     void (*hook)(const char *) = fatal_hook;
     fatal_hook = NULL;   // a failure inside the hook must not recurse
     if (hook) hook(msg);

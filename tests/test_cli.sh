@@ -443,5 +443,10 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     grep -Eq -- "--backend: nccl: (not built: |no CUDA device visible \(cudaGetDeviceCount: )" <<<"$out" || fail "--backend nccl without a GPU: $out"
 fi
 
+# ---- a caller's stderr closed under the launcher (a pipe into head): no SIGPIPE death, the run finishes
+"$G" run --world 2 --probe simplenet --no-json --steps 200 2> >(head -c 1 >/dev/null) >pipe.txt
+rc=$?
+[ $rc = 0 ] && grep -q "^result: pass (exit 0)$" pipe.txt || fail "stderr closed early: exit $rc (141: killed by SIGPIPE), expected 0 and the table"
+
 echo "test_cli: $fails failure(s)"
 [ $fails = 0 ]

@@ -146,5 +146,20 @@ rc=$?
 "$PY" "$CJ" none.xml tests=1 failures=1 || fail "none.xml: a None gradient must be a failure"
 grep -q "none: " none.xml || fail "none.xml: the failure does not list the finding"
 
+# ---- one file, two flags: never the JUnit over the JSON (however the path is spelled, hard links too)
+"$G" run --world 1 --probe simplenet --json same.json --junit ./same.json >same.txt 2>&1
+rc=$?
+[ $rc = 2 ] && [ ! -e same.json ] && grep -q -- "--junit: './same.json' is also the --json path" same.txt ||
+    fail "--junit ./X with --json X: exit $rc, expected 2 naming --junit: $(cat same.txt)"
+: >linked.json && ln linked.json linked.xml
+"$G" run --world 1 --probe simplenet --json linked.json --junit linked.xml >/dev/null 2>&1
+[ $? = 2 ] && [ ! -s linked.json ] || fail "--junit a hard link to the --json file must be refused"
+# ---- --json - and a JUnit write that fails: stdout holds one JSON document, the one saying why
+"$G" run --world 2 --probe simplenet --mode on --json - --junit /dev/full >one.json 2>one.txt
+rc=$?
+[ $rc = 3 ] || fail "--json - --junit /dev/full exited $rc, expected 3"
+"$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["result"] == "error" and "/dev/full" in d["error"]["message"], d["error"]' one.json 2>/dev/null ||
+    fail "--json - --junit /dev/full: stdout must be one JSON document naming /dev/full: $(grep -c '"schema"' one.json) documents"
+
 echo "test_junit: $fails failure(s)"
 [ $fails = 0 ]
