@@ -49,12 +49,13 @@ static cJSON *nums(const double *v, size_t n) {
 static cJSON *tensor(const double *v, size_t n, gcd_values values) {
     if (values == GCD_VALUES_NONE) return cJSON_CreateNull();
     if (values == GCD_VALUES_FULL || n <= GCD_VALUES_LIMIT) return nums(v, n);
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += v[i] * v[i];
+    double big = 0, ss = 0;   // scaled by the largest |v|: a finite tensor has a finite norm
+    for (size_t i = 0; i < n && !isnan(big); i++) big = isnan(v[i]) ? v[i] : fmax(big, fabs(v[i]));   // NaN stays NaN
+    for (size_t i = 0; big > 0 && isfinite(big) && i < n; i++) ss += (v[i] / big) * (v[i] / big);
     cJSON *o = chk(cJSON_CreateObject());
     put(o, "elided", cJSON_CreateTrue());
     put(o, "numel", cJSON_CreateNumber((double)n));
-    put(o, "norm", num(sqrt(ss)));
+    put(o, "norm", num(isfinite(big) ? big * sqrt(ss) : big));
     put(o, "first", nums(v, GCD_VALUES_FIRST));
     return o;
 }

@@ -336,7 +336,7 @@ static void command(gcd_sb *b, const cJSON *doc) {
         if (line.len > COMMAND_MAX) { gcd_sb_printf(&line, " ...   (%d arguments in all, in the JSON report's \"command\")", cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "command"))); break; }
         if (i++ == 0) s = "gradcheck-dist";   // argv[0] was this machine's path
         gcd_sb_printf(&line, "%s", i > 1 ? " " : "");
-        if (strpbrk(s, " \t\n\r'\"$`\\|&;<>()*?#~") || !*s) {   // quoted: '...', a quote as '\'', a newline as $'\n'
+        if (s[strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+-")] || !*s) {   // quoted: '...', a quote as '\'', a newline as $'\n'
             gcd_sb_printf(&line, "'");
             for (; *s && line.len < COMMAND_MAX + 400; s++) {
                 if (*s == '\'') gcd_sb_printf(&line, "'\\''");
