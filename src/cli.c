@@ -497,7 +497,7 @@ static void drop_empty_default(const char *dir) {
 }
 
 // After a rank's death: name it, and put its name into the error report rank 0 left ("ended by signal")
-static void name_the_dead(const mpirun_log *m, const char *dir) {
+static void name_the_dead(const mpirun_log *m, const char *dir, const char *junit) {
     char path[PATH_MAX + 32], list[65536], report[PATH_MAX], msg[1024];
     long pid = 0;
     snprintf(path, sizeof path, "%s/ranks", dir);
@@ -524,6 +524,9 @@ static void name_the_dead(const mpirun_log *m, const char *dir) {
         gcd_report_finish(doc, 3, full, m->rank, gcd_json_num(cJSON_GetObjectItem(env, "wall_seconds")));
         if (gcd_report_write(doc, report, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
         else fprintf(stderr, "gradcheck-dist: the error report, %s, names rank %d\n", report, m->rank);
+        char *xml = junit ? gcd_render_junit(doc) : NULL;   // and the JUnit file rank 0 wrote from it
+        if (xml && gcd_text_write(xml, "--junit", junit, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        free(xml);
     }
     cJSON_Delete(doc);
 }
@@ -641,7 +644,7 @@ static int launch(const options *o, int argc, char **argv) {
         fclose(f);
         unlink(result);
     }
-    if (!caught && code < 0 && log.sig) name_the_dead(&log, dir);
+    if (!caught && code < 0 && log.sig) name_the_dead(&log, dir, o->junit && strcmp(o->junit, "-") ? o->junit : NULL);
     if (code < 0 && !o->json && !o->no_json) drop_empty_default(dir);
     static const char *const left[] = { "ranks", "report", "interrupted" };
     for (int i = 0; i < 3; i++) {

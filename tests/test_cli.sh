@@ -374,7 +374,7 @@ wait $run 2>/dev/null
 wait_for 10 no_ranks 99913 || fail "SIGKILL to the launcher left processes: $(ranks_of 99913)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGKILL to the launcher left a report: $(ls reports)"
 # a rank killed by a signal: named with its pid and host, and rank 0, alive, still writes the error report
-"$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json >dead.txt 2>&1 &
+"$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json --junit dead.xml >dead.txt 2>&1 &
 run=$!
 wait_for 20 has_rank 99915 2 && sleep 1 && victim=$(rank_pid 99915 2) && kill -KILL "$victim"
 timeout 60 tail --pid=$run -f /dev/null
@@ -388,6 +388,7 @@ d = json.load(open(sys.argv[1]))
 assert d["result"] == "error" and d["exit_code"] == 3 and d["error"]["rank"] == 2, (d["result"], d["error"])
 assert f"rank 2 (pid {sys.argv[2]} on " in d["error"]["message"] and "killed by signal 9" in d["error"]["message"], d["error"]
 PY
+grep -q "<error type=\"runtime\" message=\"rank 2: rank 2 (pid ${victim:-?} on [^\"]*killed by signal 9" dead.xml || fail "dead.xml: the JUnit error must name rank 2 too: $(grep '<error' dead.xml)"
 wait_for 10 no_ranks 99915 || fail "a killed rank left processes: $(ranks_of 99915)"
 # the ranks read no stdin: a caller's while-read loop keeps its lines
 got=$(printf 'a\nb\n' | while read -r x; do "$G" run --world 2 --probe simplenet --mode on --no-json >/dev/null; printf '%s' "$x"; done)
