@@ -45,6 +45,7 @@ void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode,
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
 // The document as JSON text (malloc'd): each double in the shortest form that reads back exactly.
 char *gcd_json_print(const cJSON *doc);
+int gcd_num_shortest(char buf[32], double v);   // report_io.c: the fewest digits (15..17, %g) that read back as v
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
 // The same for any text (the JUnit file): what names it in the message ("--junit: cannot write ...").

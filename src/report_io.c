@@ -54,13 +54,17 @@ static void spill(printer *p, size_t at_least) {
     p->b.len = 0;
 }
 
+int gcd_num_shortest(char buf[32], double v) {
+    int k = 0;
+    for (int digits = 15; digits <= 17; digits++)   // 17 digits always read back
+        if ((k = snprintf(buf, 32, "%.*g", digits, v)), digits == 17 || strtod(buf, NULL) == v) break;
+    return k;
+}
+
 static void print_num(gcd_sb *b, double v) {
     char buf[32];
     if (!isfinite(v)) return gcd_sb_append(b, "null", 4);   // the builders never store these as numbers
-    int k = 0;
-    for (int digits = 15; digits <= 17; digits++)   // 17 digits always read back
-        if ((k = snprintf(buf, sizeof buf, "%.*g", digits, v)), digits == 17 || strtod(buf, NULL) == v) break;
-    gcd_sb_append(b, buf, (size_t)k);
+    gcd_sb_append(b, buf, (size_t)gcd_num_shortest(buf, v));
 }
 
 static void print_str(gcd_sb *b, const char *s) {

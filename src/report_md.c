@@ -56,11 +56,7 @@ static void fenced(gcd_sb *b, const char *text, const char *info) {
 static void py_num(gcd_sb *b, double v) {
     char buf[32];
     if (!isfinite(v)) return gcd_sb_printf(b, isnan(v) ? "float('nan')" : v > 0 ? "float('inf')" : "-float('inf')");
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    gcd_sb_printf(b, "%s", buf);
+    gcd_sb_append(b, buf, (size_t)gcd_num_shortest(buf, v));
 }
 
 // a Python string literal: quotes, backslashes and control characters escaped, so that no name in a

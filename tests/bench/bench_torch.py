@@ -43,30 +43,8 @@ def worker(a):
     import torch.distributed.nn.functional as dnn
     import torch.nn.functional as F
 
-    class HorovodAllgather(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-            dist.all_gather(out, x.contiguous())
-            return torch.cat(out)
-
-        @staticmethod
-        def backward(ctx, g):
-            g = g.contiguous().clone()
-            dist.all_reduce(g)
-            return (g / dist.get_world_size()).chunk(dist.get_world_size())[dist.get_rank()]
-
-    def gather(x, mode):   # x (B,E) -> (W*B,E)
-        if mode == "on":
-            return torch.cat(dnn.all_gather(x))
-        if mode == "avg":
-            return HorovodAllgather.apply(x)
-        with torch.no_grad():
-            out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-            dist.all_gather(out, x.contiguous())
-        if mode == "local":
-            out[dist.get_rank()] = x
-        return torch.cat(out)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
+    from crosscheck import gather   # the four modes as the cross-check reproduces them (Horovod's backward averages)
 
     def clip_loss(I, T, scale):   # I, T (N,E): mean of the image and text cross-entropies
         logits, labels = scale * I @ T.T, torch.arange(I.shape[0])
