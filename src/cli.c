@@ -25,6 +25,7 @@
 #include "ops.h"
 #include "report.h"
 #include "run.h"
+#include "sha256.h"
 #include "verdict.h"
 
 extern char **environ;
@@ -575,7 +576,7 @@ static int launch(const options *o, int argc, char **argv) {
     snprintf(np, sizeof np, "%d", world);
     int nenv = 0;
     for (char **e = environ; *e; e++) nenv++;
-    char **av = calloc((size_t)argc + 2 * (size_t)nenv + 16, sizeof *av);
+    char **av = calloc((size_t)argc + 2 * (size_t)nenv + 32, sizeof *av);   // 20 fixed at most
     mallocCheck(av);
     int n = 0;
     av[n++] = "mpirun";
@@ -587,11 +588,25 @@ static int launch(const options *o, int argc, char **argv) {
     // default; mpirun waits it out whole, twice): time for rank 0 to write its error report (an fsync)
     av[n++] = "--mca", av[n++] = "odls_base_sigkill_timeout", av[n++] = "3";
     if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
-    // one node: the ob1 PML straight away. The default (cm) loads the psm/psm2 libraries first, whose
-    // constructors sleep ~0.2 s, then settles on ob1 anyway. A PML the user chose, or several hosts
-    // (UCX, InfiniBand), keep Open MPI's choice.
-    const char *pml = getenv("OMPI_MCA_pml");
-    if (!o->hostfile && !(pml && *pml)) av[n++] = "--mca", av[n++] = "pml", av[n++] = "ob1";
+    // One node: start what a one-node job uses, and nothing else (measured in tests/bench/bench.sh).
+    // - the ob1 PML straight away: the default (cm) loads the psm/psm2 libraries first, whose
+    //   constructors sleep ~0.2 s, then settles on ob1 anyway;
+    // - the shared-memory and self BTLs: the TCP BTL opens listening sockets on every interface;
+    // - libnbc's recursive-doubling all-gather (log2(world) rounds; its default sends world-1 messages
+    //   from every rank; Open MPI keeps the linear one where world is not a power of two);
+    // - hwloc without I/O discovery (PCI config space read through /sys, its libxml2, OpenCL and X11
+    //   plugins loaded): Open MPI binds ranks to cores, which this topology still has.
+    // Whatever the user set, or several hosts (UCX, InfiniBand), keeps Open MPI's choice.
+    if (!o->hostfile) {
+        static const char *const mca[][2] = { { "pml", "ob1" }, { "btl", "self,vader" }, { "coll_libnbc_iallgather_algorithm", "2" } };
+        for (size_t i = 0; i < sizeof mca / sizeof *mca; i++) {
+            char var[64];
+            snprintf(var, sizeof var, "OMPI_MCA_%s", mca[i][0]);
+            if (!(getenv(var) && *getenv(var))) av[n++] = "--mca", av[n++] = (char *)mca[i][0], av[n++] = (char *)mca[i][1];
+        }
+        setenv("HWLOC_COMPONENTS", "-linuxio", 0);
+        setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml", 0);
+    }
     if (!o->hostfile && threads > 1 && threads * world <= physical_cores()) av[n++] = "--map-by", av[n++] = pe;
     // Open MPI starts ranks on other nodes without this environment: forward every GCD_, NCCL_ and
     // OPENBLAS_ variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
@@ -795,29 +810,48 @@ static int default_report_path(char *path, size_t len) {
     return 0;   // the write will say why
 }
 
-static void environment(gcd_comm *comm, gcd_env *env, int root) {
-    static char host[256], device[256];
+// What rank 0 learns of every rank, in one collective at the start: its host and device for the
+// report, its pid to name it if it dies, and a digest of its command: every rank must run the same one
+// (the gathers' counts and every collective after them follow from it).
+typedef struct {
+    char host[256], device[256], pid[24], command[65];
+} rank_facts;
+
+// Returns -1 when every rank was given rank 0's command, else the first rank that was not. On rank 0,
+// env's hostnames and devices point into *facts (world), which the caller frees.
+static int environment(gcd_comm *comm, gcd_env *env, int argc, char **args, rank_facts **facts) {
+    int W = comm->world, nccl = !strcmp(comm->backend, "nccl");
+    rank_facts mine = { 0 }, *all = gcd_malloc((size_t)W * sizeof *all);
     memset(env, 0, sizeof *env);
     env->backend = comm->backend;
-    env->world = comm->world;
-    gethostname(host, sizeof host - 1);
-    char *hosts = root ? gcd_malloc((size_t)comm->world * 256) : NULL;
-    gcd_mpi_gather_str(host, hosts, 256);
+    env->world = W;
+    gethostname(mine.host, sizeof mine.host - 1);
+    if (nccl) gcd_nccl_info(comm, env->nccl_version, env->cuda_version, mine.device, sizeof mine.device);
+    snprintf(mine.pid, sizeof mine.pid, "%ld", (long)getpid());
+    gcd_sha256 h;
+    unsigned char d[32];
+    gcd_sha256_init(&h);
+    for (int i = 1; i < argc; i++) gcd_sha256_update(&h, args[i], strlen(args[i]) + 1);   // argv[0]: installed anywhere
+    gcd_sha256_final(&h, d);
+    gcd_sha256_hex(d, mine.command);
+    gcd_mpi_allgather_bytes(&mine, all, sizeof mine);
     gcd_mpi_library_version(env->mpi_version, sizeof env->mpi_version);
-    int nccl = !strcmp(comm->backend, "nccl");
-    if (nccl) gcd_nccl_info(comm, env->nccl_version, env->cuda_version, device, sizeof device);
-    char *devs = root && nccl ? gcd_malloc((size_t)comm->world * 256) : NULL;
-    if (nccl) gcd_mpi_gather_str(device, devs, 256);
-    if (root) {
-        env->hostnames = gcd_malloc((size_t)comm->world * sizeof(char *));
-        if (nccl) env->devices = gcd_malloc((size_t)comm->world * sizeof(char *));
-        for (int k = 0; k < comm->world; k++) {
-            env->hostnames[k] = hosts + 256 * k;
-            if (nccl) env->devices[k] = devs + 256 * k;
+    int differs = -1;
+    for (int k = 0; k < W && differs < 0; k++)
+        if (strncmp(all[k].command, all[0].command, sizeof all[0].command)) differs = k;
+    if (comm->rank == 0) {
+        env->hostnames = gcd_malloc((size_t)W * sizeof(char *));
+        if (nccl) env->devices = gcd_malloc((size_t)W * sizeof(char *));
+        for (int k = 0; k < W; k++) {
+            all[k].host[sizeof all[k].host - 1] = all[k].device[sizeof all[k].device - 1] = all[k].pid[sizeof all[k].pid - 1] = 0;
+            env->hostnames[k] = all[k].host;
+            if (nccl) env->devices[k] = all[k].device;
         }
-    }
+        *facts = all;
+    } else free(all), *facts = NULL;
     time_t t = time(NULL);
     strftime(env->start_time, sizeof env->start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    return differs;
 }
 
 // Is this run what its role expects? Under test: no finding. A control: exactly its signature (expect.c),
@@ -900,20 +934,24 @@ static int run_rank(const options *o, int argc, char **argv) {
     }
     job.t0 = now();
     gcd_env env;
-    environment(comm, &env, root);
+    rank_facts *facts;
+    int differs = environment(comm, &env, argc, args, &facts);
+    if (differs >= 0) {
+        if (root) fprintf(stderr, "gradcheck-dist: rank %d was started with other options than rank 0: every rank must run the same command\n", differs);
+        free(facts), free(env.hostnames), free(env.devices);
+        if (comm->impl) gcd_comm_nccl_free(comm);
+        gcd_mpi_finalize();
+        return rank_exit(root, 2);
+    }
     shared_file(interrupted_file, sizeof interrupted_file, "interrupted");
     const char *launcher = getenv("GCD_LAUNCHER_PID");   // a launcher killed by SIGKILL leaves no file: it is gone
     snprintf(launcher_stat, sizeof launcher_stat, "/proc/%ld/stat", launcher ? atol(launcher) : 0L);
-    if (interrupted_file[0]) {   // under the launcher: every rank's pid and host, to name a rank that dies
-        char mine[300], host[256] = "", path[PATH_MAX + 32], *all = root ? gcd_malloc((size_t)comm->world * 300) : NULL;
-        gethostname(host, sizeof host - 1);
-        snprintf(mine, sizeof mine, "%d %ld %s", comm->rank, (long)getpid(), host);
-        gcd_mpi_gather_str(mine, all, 300);
+    if (interrupted_file[0] && root) {   // under the launcher: every rank's pid and host, to name a rank that dies
+        char path[PATH_MAX + 32];
         shared_file(path, sizeof path, "ranks");
-        FILE *f = root ? fopen(path, "w") : NULL;
-        for (int k = 0; f && k < comm->world; k++) fprintf(f, "%s\n", all + 300 * k);
+        FILE *f = fopen(path, "w");
+        for (int k = 0; f && k < comm->world; k++) fprintf(f, "%d %s %s\n", k, facts[k].pid, facts[k].host);
         if (f) fclose(f);
-        free(all);
     }
     if (root) {
         job.doc = gcd_report_new(argc, args, &env);
@@ -983,8 +1021,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         fflush(NULL);
         cJSON_Delete(job.doc);
         job.doc = NULL;
-        free(env.hostnames ? env.hostnames[0] : NULL), free(env.hostnames);
-        free(env.devices ? env.devices[0] : NULL), free(env.devices);
+        free(facts), free(env.hostnames), free(env.devices);
     }
     gcd_mpi_bcast_int(&code, 0);
     if (comm->impl) gcd_comm_nccl_free(comm);

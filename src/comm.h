@@ -24,8 +24,8 @@ void gcd_mpi_init(int *argc, char ***argv);    // MPI_Init + MPI_ERRORS_RETURN +
 void gcd_mpi_finalize(void);
 gcd_comm *gcd_comm_mpi(void);
 void gcd_mpi_bcast_int(int *v, int root);
-// rank 0 receives every rank's string (len bytes each) into all (world*len); others may pass NULL
-void gcd_mpi_gather_str(const char *mine, char *all, int len);
+// every rank's len bytes into all (world*len) on every rank, within the deadline
+void gcd_mpi_allgather_bytes(const void *mine, void *all, int len);
 void gcd_mpi_library_version(char *buf, int len);
 void gcd_mpi_bcast_bytes(void *buf, int len, int root);
 void gcd_mpi_local(int *local_rank, int *local_size);   // ranks sharing this node
@@ -45,7 +45,7 @@ int gcd_mpi_arrived(void);
 void gcd_mpi_arrive_end(void);
 
 // ----------------------------------------------------------------------------
-// NCCL (comm_nccl.c, built when CUDA and NCCL are found)
+// NCCL (comm_nccl.c, a module built when CUDA and NCCL are found; nccl_module.c loads it on first use)
 
 // Returns NULL and fills why (a one-line reason) when this build or this machine cannot run NCCL.
 gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len);
@@ -54,3 +54,11 @@ void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *de
 void gcd_comm_nccl_free(gcd_comm *c);
 int gcd_nccl_built(void);
 int gcd_cuda_device_count(char *why, size_t len);   // -1 and why when no device can be used
+
+// what the module gives (its symbol gcd_nccl_module): the four calls above
+typedef struct {
+    gcd_comm *(*comm)(gcd_comm *mpi, char *why, size_t len);
+    void (*info)(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len);
+    void (*free)(gcd_comm *c);
+    int (*device_count)(char *why, size_t len);
+} gcd_nccl_api;

@@ -1,7 +1,9 @@
 /*
  * comm_nccl: the collectives over NCCL on CUDA buffers, one GPU per rank, bootstrapped over MPI.
- * Built when CMake finds the CUDA Toolkit and NCCL >= 2.14 (GCD_WITH_NCCL); otherwise only the answers
- * that say why --backend nccl cannot run.
+ * Built when CMake finds the CUDA Toolkit and NCCL >= 2.14, as a module of its own
+ * (gradcheck-dist-nccl.so, linked to CUDA and NCCL) that nccl_module.c loads for --backend nccl only:
+ * a CPU run never loads CUDA or NCCL. The module's one visible symbol is gcd_nccl_module (comm.h); what
+ * it calls of the program (util.c, comm_mpi.c) the program exports.
  *
  * No wait for a collective blocks the host. Data goes through pinned staging buffers: a cudaMemcpyAsync
  * from the device into pageable memory returns only once the copy is done (CUDA Runtime API, "API
@@ -29,8 +31,6 @@
 
 #include "comm.h"
 #include "util.h"
-
-#ifdef GCD_WITH_NCCL
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -179,9 +179,7 @@ static void nccl_barrier(gcd_comm *c) {
 // ----------------------------------------------------------------------------
 // setup
 
-int gcd_nccl_built(void) { return 1; }
-
-int gcd_cuda_device_count(char *why, size_t len) {
+static int device_count(char *why, size_t len) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     // what is missing first, the driver's words after
@@ -200,7 +198,7 @@ static void uuid_str(const cudaUUID_t *u, char *out, size_t len) {   // as nvidi
 // Slurm --gpus-per-task: every rank sees one device, its own). Two ranks of a node on one physical GPU
 // (same UUID) are refused: NCCL does not support one device as two ranks of a communicator.
 static int pick_device(int *device, char *why, size_t len) {
-    int local_rank, local_size, ndev = gcd_cuda_device_count(why, len);
+    int local_rank, local_size, ndev = device_count(why, len);
     gcd_mpi_local(&local_rank, &local_size);
     cudaUUID_t mine = { 0 };
     struct cudaDeviceProp p;
@@ -226,7 +224,7 @@ static int pick_device(int *device, char *why, size_t len) {
     return bad;
 }
 
-gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
+static gcd_comm *comm_nccl(gcd_comm *mpi, char *why, size_t len) {
     int device = 0, bad = pick_device(&device, why, len);
     if (gcd_mpi_any(bad)) {
         if (!bad) snprintf(why, len, "another rank cannot use a CUDA device of its own");
@@ -250,7 +248,7 @@ gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
     return &c;
 }
 
-void gcd_comm_nccl_free(gcd_comm *c) {
+static void comm_free(gcd_comm *c) {
     nccl_impl *m = c->impl;
     if (!m) return;
     launched(m, "ncclCommFinalize", ncclCommFinalize(m->comm));
@@ -265,7 +263,7 @@ void gcd_comm_nccl_free(gcd_comm *c) {
     c->impl = NULL;
 }
 
-void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len) {
+static void info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len) {
     nccl_impl *m = c->impl;
     int v = 0, rt = 0, drv = 0;
     ncclGetVersion(&v);
@@ -282,28 +280,4 @@ void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *de
     } else snprintf(device, len, "%s: GPU %d", host, m->device);
 }
 
-#else
-
-int gcd_nccl_built(void) { return 0; }
-
-int gcd_cuda_device_count(char *why, size_t len) {
-    snprintf(why, len, "this build has no CUDA");
-    return -1;
-}
-
-gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len) {
-    (void)mpi;
-    snprintf(why, len, "this build has no NCCL backend (configure found no CUDA Toolkit with NCCL)");
-    return NULL;
-}
-
-void gcd_comm_nccl_free(gcd_comm *c) { (void)c; }
-
-void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len) {
-    (void)c;
-    snprintf(nccl_version, len, "%s", "");
-    snprintf(cuda_version, len, "%s", "");
-    snprintf(device, len, "%s", "");
-}
-
-#endif
+__attribute__((visibility("default"))) const gcd_nccl_api gcd_nccl_module = { comm_nccl, info, comm_free, device_count };

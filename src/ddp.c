@@ -25,15 +25,15 @@ void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, cons
     for (size_t i = 0, off = 0; i < (size_t)k; off += n[i] + 1, i++) {
         double *m = mean[i];
         nhave[i] = 0;
-        memset(m, 0, n[i] * sizeof(double));
+        if (m) memset(m, 0, n[i] * sizeof(double));
         for (int r = 0; r < W; r++) {   // in rank order: every rank sums alike
             const double *g = every + (size_t)r * per + off;
             nhave[i] += g[n[i]] != 0;
-            for (size_t j = 0; j < n[i]; j++) m[j] += g[j];
+            for (size_t j = 0; m && j < n[i]; j++) m[j] += g[j];
             if (all && all[i]) memcpy(all[i] + (size_t)r * n[i], g, n[i] * sizeof(double));
             if (has && has[i]) has[i][r] = g[n[i]] != 0;
         }
-        for (size_t j = 0; j < n[i]; j++) m[j] /= W;
+        for (size_t j = 0; m && j < n[i]; j++) m[j] /= W;
     }
     free(mine);
     free(every);

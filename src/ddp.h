@@ -13,6 +13,7 @@
 // gradient. all (world*n) and has (world) receive every rank's local gradient when not NULL.
 int gcd_ddp_mean(gcd_comm *comm, const double *local, size_t n, double *mean, double *all, unsigned char *has);
 // The same for k tensors in one collective (DDP's gradient bucket): local[i] (n[i]) or NULL, mean[i]
-// (n[i]); all and has, or any all[i] and has[i], may be NULL; nhave[i] receives tensor i's count.
+// (n[i]); all and has, or any all[i] and has[i], may be NULL; a NULL mean[i] skips that mean (a tensor
+// carried only for its every-rank copy); nhave[i] receives tensor i's count.
 void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, const size_t *n, double **mean,
                          double **all, unsigned char **has, int *nhave);

@@ -32,31 +32,36 @@ int gcd_gather_mode_parse(const char *s) {
 // ----------------------------------------------------------------------------
 // forward
 
-// Every rank must gather the same shape; a rank that differs is named.
-static void check_shapes(gcd_comm *comm, const gcd_tensor *x) {
-    double mine[3] = { x->ndim, x->ndim > 0 ? x->shape[0] : 0, x->ndim > 1 ? x->shape[1] : 0 };
-    double all[3 * 64], *buf = comm->world <= 64 ? all : gcd_malloc(3 * sizeof(double) * (size_t)comm->world);
-    comm->all_gather(comm, mine, buf, 3);
-    for (int k = 1; k < comm->world; k++)
-        if (memcmp(buf + 3 * k, buf, sizeof mine)) {
-            char a[32], b[32];
-            int sa[2] = { (int)buf[3 * k + 1], (int)buf[3 * k + 2] }, sb[2] = { (int)buf[1], (int)buf[2] };
-            GCD_FATAL("all_gather: rank %d shape %s != rank 0 %s", k, gcd_shape_str(a, sizeof a, (int)buf[3 * k], sa),
-                      gcd_shape_str(b, sizeof b, (int)buf[0], sb));
-        }
-    if (buf != all) free(buf);
+void gcd_all_gather_many(gcd_ctx *c, gcd_comm *comm, int k, gcd_tensor *const *x, const gcd_gather_mode *mode, gcd_tensor **out) {
+    int W = comm->world;
+    size_t per = 0;   // one rank's part: its k tensors one after another
+    for (int i = 0; i < k; i++) {
+        int shape[GCD_MAX_DIM] = { gcd_rows(x[i]) * W, x[i]->ndim == 2 ? x[i]->shape[1] : 0 };
+        out[i] = gcd_tensor_empty(c, x[i]->ndim ? x[i]->ndim : 1, shape);   // written whole below
+        per += x[i]->n;
+    }
+    if (k == 1) comm->all_gather(comm, x[0]->data, out[0]->data, per);
+    else {   // one collective, then each tensor's slots out of every rank's part
+        double *mine = gcd_malloc(per * sizeof(double)), *every = gcd_malloc((size_t)W * per * sizeof(double));
+        for (size_t i = 0, off = 0; i < (size_t)k; off += x[i]->n, i++) memcpy(mine + off, x[i]->data, x[i]->n * sizeof(double));
+        comm->all_gather(comm, mine, every, per);
+        for (int r = 0; r < W; r++)
+            for (size_t i = 0, off = 0; i < (size_t)k; off += x[i]->n, i++)
+                memcpy(out[i]->data + (size_t)r * x[i]->n, every + (size_t)r * per + off, x[i]->n * sizeof(double));
+        free(mine), free(every);
+    }
+    for (int i = 0; i < k; i++) {
+        int prev = gcd_set_grad_enabled(c, c->grad_enabled && mode[i] != GCD_GATHER_OFF);   // off: under no_grad, as Lightning
+        gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out[i], 1, (gcd_tensor *[]){ x[i] });  // off: detached, no graph
+        gcd_set_grad_enabled(c, prev);
+        nd->comm = comm;
+        nd->mode = mode[i];
+    }
 }
 
 gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode) {
-    check_shapes(comm, x);
-    int shape[GCD_MAX_DIM] = { gcd_rows(x) * comm->world, x->ndim == 2 ? x->shape[1] : 0 };
-    gcd_tensor *out = gcd_tensor_empty(c, x->ndim ? x->ndim : 1, shape);   // written whole by the collective
-    comm->all_gather(comm, x->data, out->data, x->n);
-    int prev = gcd_set_grad_enabled(c, c->grad_enabled && mode != GCD_GATHER_OFF);   // off: under no_grad, as Lightning
-    gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out, 1, &x);                           // off: detached, no graph
-    gcd_set_grad_enabled(c, prev);
-    nd->comm = comm;
-    nd->mode = mode;
+    gcd_tensor *out;
+    gcd_all_gather_many(c, comm, 1, &x, &mode, &out);
     return out;
 }
 

@@ -19,5 +19,10 @@ const char *gcd_gather_mode_name(int mode);      // "off", "on", "local", "avg"
 const char *gcd_gather_mode_library(int mode, int local_loss);   // whose real code it is, in words
 int gcd_gather_mode_parse(const char *s);        // -1 when unknown
 
+// Every rank passes the same shapes, as MPI and NCCL need the same counts on every rank (gcd_run's ranks
+// run one command, which the CLI checks once at the start).
 gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode);
+// k tensors in one collective: out[i] is what gcd_all_gather(c, comm, x[i], mode[i]) gives, each its
+// own autograd node
+void gcd_all_gather_many(gcd_ctx *c, gcd_comm *comm, int k, gcd_tensor *const *x, const gcd_gather_mode *mode, gcd_tensor **out);
 void gcd_gather_backward(gcd_ctx *c, gcd_node *nd);

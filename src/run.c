@@ -116,28 +116,63 @@ static void step(gcd_comm *comm, const gcd_run_opts *o, gcd_params *P, gcd_arena
     for (int i = 0; i < P->n; i++) P->t[i]->grad = NULL;   // zero_grad(set_to_none=True)
     pr->inputs(&ps->c, &o->cfg, comm->rank, in);
     pr->encode(&ps->c, P, in, ps->feat);
-    for (int f = 0; f < pr->nfeat; f++)
-        ps->gathered[f] = gcd_all_gather(&ps->c, comm, ps->feat[f], pr->feat_follows_mode[f] ? o->mode : GCD_GATHER_ON);
+    gcd_gather_mode mode[GCD_MAX_FEATS];
+    for (int f = 0; f < pr->nfeat; f++) mode[f] = pr->feat_follows_mode[f] ? o->mode : GCD_GATHER_ON;
+    gcd_all_gather_many(&ps->c, comm, pr->nfeat, ps->feat, mode, ps->gathered);
     ps->loss = pr->loss(&ps->c, P, &o->cfg, comm->rank, comm->world, ps->gathered, ps->feat);
     gcd_backward(&ps->c, ps->loss);
 }
 
 // ----------------------------------------------------------------------------
-// what blame.c reads of the first pass: every rank's shortest path from each parameter to its loss,
-// rank 0's paths through each gathered feature, and every rank's gradients on both sides of each gather
+// After each step one collective, as DDP's gradient bucket (ddp.c): every parameter's gradient, this
+// rank's loss and, on the first step, what blame.c reads of it: every rank's shortest path from each
+// parameter to its loss, and every rank's gradients on both sides of each gather.
 
-static void trace(gcd_comm *comm, const gcd_probe *pr, const gcd_params *P, const pass *ps, gcd_run_result *res) {
-    int W = comm->world, root = comm->rank == 0;
-    size_t per = (size_t)P->n * GCD_PATH_PACKED;
-    double *mine = gcd_malloc(per * sizeof(double)), *every = gcd_malloc((size_t)W * per * sizeof(double));
+typedef struct {
+    int k;
+    const double *local[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+    size_t n[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+    double *mean[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS], *all[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+    unsigned char *has[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+    int nhave[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+} bucket;
+
+static void bucket_add(bucket *b, const double *local, size_t n, double *mean, double *all, unsigned char *has) {
+    b->local[b->k] = local, b->n[b->k] = n, b->mean[b->k] = mean, b->all[b->k] = all, b->has[b->k] = has;
+    b->k++;
+}
+
+// the first step's part: this rank's paths (mine, P->n packed paths) and the gathers' gradients
+static void trace_add(bucket *b, gcd_comm *comm, const gcd_probe *pr, const gcd_params *P, const pass *ps, gcd_run_result *res,
+                      double *mine, double *every) {
     for (int i = 0; i < P->n; i++) {
         gcd_path p;
         gcd_path_start(&p, i);
         if (gcd_path_find(&ps->c, P->t[i], ps->loss, P->t, P->n, &p) < 0) p.n = 0;   // this rank's loss does not use it
         gcd_path_pack(&p, mine + (size_t)i * GCD_PATH_PACKED);
     }
-    comm->all_gather(comm, mine, every, per);
-    for (int i = 0; i < P->n && root; i++) {
+    bucket_add(b, mine, (size_t)P->n * GCD_PATH_PACKED, NULL, every, NULL);
+    res->nfeat = pr->nfeat;
+    for (int f = 0; f < pr->nfeat; f++) {
+        gcd_feat_grads *g = &res->feat[f];
+        const gcd_tensor *x = ps->feat[f], *all = ps->gathered[f];
+        const double *back = all->node->saved;   // the gather backward's (n values, then how many ranks gave one)
+        if (back && back[x->n] == 0) back = NULL;
+        g->n = x->n;
+        if (comm->rank == 0) {
+            g->arrive = gcd_malloc((size_t)comm->world * all->n * sizeof(double)), g->arrive_has = gcd_malloc((size_t)comm->world);
+            g->leave = gcd_malloc((size_t)comm->world * x->n * sizeof(double)), g->leave_has = gcd_malloc((size_t)comm->world);
+        }
+        bucket_add(b, all->grad, all->n, NULL, g->arrive, g->arrive_has);
+        bucket_add(b, back, x->n, NULL, g->leave, g->leave_has);
+    }
+}
+
+// rank 0, once the bucket is in: every rank's paths, and its own through each gathered feature
+static void trace_read(const gcd_probe *pr, const gcd_params *P, const pass *ps, gcd_run_result *res, const double *every) {
+    int W = res->world;
+    size_t per = (size_t)P->n * GCD_PATH_PACKED;
+    for (int i = 0; i < P->n; i++) {
         gcd_param_result *p = &res->param[i];
         p->rank_path = gcd_malloc((size_t)W * sizeof *p->rank_path);
         for (int k = 0; k < W; k++) gcd_path_unpack(&p->rank_path[k], every + (size_t)k * per + (size_t)i * GCD_PATH_PACKED);
@@ -148,24 +183,6 @@ static void trace(gcd_comm *comm, const gcd_probe *pr, const gcd_params *P, cons
                 gcd_path_find(&ps->c, ps->gathered[f], ps->loss, P->t, P->n, &p->via[f]) < 0)
                 p->via[f].n = 0;
         }
-    }
-    free(mine), free(every);
-
-    res->nfeat = pr->nfeat;
-    for (int f = 0; f < pr->nfeat; f++) {
-        gcd_feat_grads *g = &res->feat[f];
-        const gcd_tensor *x = ps->feat[f], *all = ps->gathered[f];
-        const double *back = all->node->saved;   // the gather backward's (n values, then how many ranks gave one)
-        if (back && back[x->n] == 0) back = NULL;
-        double *mean = gcd_malloc(all->n * sizeof(double));
-        g->n = x->n;
-        if (root) {
-            g->arrive = gcd_malloc((size_t)W * all->n * sizeof(double)), g->arrive_has = gcd_malloc((size_t)W);
-            g->leave = gcd_malloc((size_t)W * x->n * sizeof(double)), g->leave_has = gcd_malloc((size_t)W);
-        }
-        gcd_ddp_mean(comm, all->grad, all->n, mean, g->arrive, g->arrive_has);
-        gcd_ddp_mean(comm, back, x->n, mean, g->leave, g->leave_has);
-        free(mean);
     }
 }
 
@@ -224,26 +241,27 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     if (computes) threaded = pthread_create(&ref_thread, NULL, reference_thread, &job) == 0;
 
     double *mean[GCD_MAX_PARAMS];
-    int got[GCD_MAX_PARAMS];   // ranks with a gradient, this step
     for (int i = 0; i < P.n; i++) mean[i] = gcd_malloc(P.t[i]->n * sizeof(double));
     for (int s = 0; s < res->nloss; s++) {
         pass ps;
         step(comm, o, &P, &arena, &ps);
-        if (s == 0) trace(comm, pr, &P, &ps, res);
-        comm->all_gather(comm, ps.loss->data, res->loss + (root ? (size_t)s * W : 0), 1);
-        const double *grad[GCD_MAX_PARAMS];   // every parameter's mean in one collective (DDP's bucket)
-        double *local[GCD_MAX_PARAMS];
-        unsigned char *has[GCD_MAX_PARAMS];
-        size_t n[GCD_MAX_PARAMS];
-        for (int i = 0; i < P.n; i++) {
-            grad[i] = P.t[i]->grad, n[i] = P.t[i]->n;
-            local[i] = s == 0 ? res->param[i].local : NULL, has[i] = s == 0 ? res->param[i].has : NULL;
+        bucket b = { 0 };
+        for (int i = 0; i < P.n; i++)
+            bucket_add(&b, P.t[i]->grad, P.t[i]->n, mean[i], s == 0 ? res->param[i].local : NULL, s == 0 ? res->param[i].has : NULL);
+        bucket_add(&b, ps.loss->data, 1, NULL, res->loss + (root ? (size_t)s * W : 0), NULL);
+        double *paths = NULL, *every = NULL;
+        if (s == 0) {
+            paths = gcd_malloc((size_t)P.n * GCD_PATH_PACKED * sizeof(double));
+            every = root ? gcd_malloc((size_t)W * P.n * GCD_PATH_PACKED * sizeof(double)) : NULL;
+            trace_add(&b, comm, pr, &P, &ps, res, paths, every);
         }
-        gcd_ddp_mean_bucket(comm, P.n, grad, n, mean, local, has, got);
+        gcd_ddp_mean_bucket(comm, b.k, b.local, b.n, b.mean, b.all, b.has, b.nhave);
+        if (s == 0 && root) trace_read(pr, &P, &ps, res, every);
+        free(paths), free(every);
         for (int i = 0; i < P.n && s == 0; i++) {
             gcd_param_result *p = &res->param[i];
-            p->nhave = got[i];
-            p->reduced = got[i] ? copy(mean[i], p->n) : NULL;
+            p->nhave = b.nhave[i];   // ranks with a gradient
+            p->reduced = b.nhave[i] ? copy(mean[i], p->n) : NULL;
         }
         gcd_arena_reset(&arena);
         if (s == 0 && root) {   // at the starting values, before any update
@@ -255,7 +273,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             }
         }
         for (int i = 0; i < P.n && o->steps > 0; i++)    // plain SGD on the reduced gradient; None: no update
-            for (size_t k = 0; got[i] && k < P.t[i]->n; k++) P.t[i]->data[k] -= o->lr * mean[i][k];
+            for (size_t k = 0; b.nhave[i] && k < P.t[i]->n; k++) P.t[i]->data[k] -= o->lr * mean[i][k];
         if (root && o->progress) o->progress(s + 1, res->nloss);
     }
     for (int i = 0; i < P.n; i++) free(mean[i]);

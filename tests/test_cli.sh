@@ -287,7 +287,7 @@ out=$(mpirun -q "${root[@]}" --oversubscribe -np 2 "$G" run --world 3 --no-json 
 # ---- a runtime failure (an MPI call made to fail through PMPI): exit 3, the rank and call named, and
 # rank 0, alive, leaves a whole report saying "error"
 if [ -n "$FAULT" ]; then
-    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json >err.out 2>err.txt
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json >err.out 2>err.txt
     rc=$?
     [ $rc = 3 ] || fail "an MPI failure on rank 0 exited $rc, expected 3"
     grep -q "rank 0: MPI_Allgather" err.txt || fail "the failure must name rank 0 and MPI_Allgather: $(cat err.txt)"
@@ -298,7 +298,7 @@ jsonschema.validate(d, json.load(open(sys.argv[2])))
 assert d["result"] == "error" and d["exit_code"] == 3 and d["error"]["rank"] == 0, (d["result"], d["error"])
 assert "MPI_Allgather" in d["error"]["message"], d["error"]
 PY
-    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=1 "$G" run --world 2 --json err1.json >/dev/null 2>err1.txt
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=1 "$G" run --world 2 --json err1.json >/dev/null 2>err1.txt
     rc=$?
     [ $rc = 3 ] || fail "an MPI failure on rank 1 exited $rc, expected 3"
     grep -q "rank 1: MPI_Allgather" err1.txt || fail "the failure must name rank 1: $(cat err1.txt)"
@@ -327,7 +327,7 @@ rc=$?
 grep -q "^result: fail (exit $rc)$" off2.txt || fail "the text's exit code differs from the process's ($rc): $(tail -1 off2.txt)"
 # a fatal error on rank 0 ends every rank (MPI_Abort), even where mpirun would leave the others running
 if [ -n "$FAULT" ]; then
-    OMPI_MCA_orte_abort_on_non_zero_status=0 LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=40 GCD_FAULT_RANK=0 timeout 60 "$G" run --world 2 --no-json >abort.txt 2>&1
+    OMPI_MCA_orte_abort_on_non_zero_status=0 LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=0 timeout 60 "$G" run --world 2 --no-json >abort.txt 2>&1
     rc=$?
     [ $rc = 3 ] || fail "a fatal error on rank 0 with orte_abort_on_non_zero_status=0 exited $rc, expected 3 (124: the job hung)"
 fi
@@ -410,6 +410,7 @@ mkdir -p fakebin
 cat >fakebin/mpirun <<'SH'
 #!/bin/sh
 printf '%s\n' "$@" >"$FAKE_ARGV"
+printf '%s|%s\n' "$HWLOC_COMPONENTS" "$HWLOC_PLUGINS_BLACKLIST" >"$FAKE_ARGV.hwloc"
 echo 0 >"$GCD_RESULT_FILE"
 SH
 chmod +x fakebin/mpirun
@@ -422,18 +423,34 @@ for hosts in "" "--hostfile few.hosts"; do
         [[ $args == *" -x $v "* ]] || fail "launcher ($hosts): mpirun was not given -x $v:$args"
     done
     [[ $args == *" -x GCDX "* || $args == *" -x PATH "* ]] && fail "launcher ($hosts): forwarded a variable that is not GCD_/NCCL_:$args"
-    # one node: --mca pml ob1 (skips cm's psm/psm2 sleeps); several hosts keep Open MPI's choice
+    # one node: ob1 (skips cm's psm/psm2 sleeps), the shared-memory BTL, libnbc's recursive-doubling
+    # all-gather, hwloc without I/O discovery; several hosts keep Open MPI's choices
+    hw=$(cat argv.hwloc)
     if [ -z "$hosts" ]; then
-        [[ $args == *" --mca pml ob1 "* ]] || fail "launcher: a single-node job must get --mca pml ob1:$args"
+        for m in "pml ob1" "btl self,vader" "coll_libnbc_iallgather_algorithm 2"; do
+            [[ $args == *" --mca $m "* ]] || fail "launcher: a single-node job must get --mca $m:$args"
+        done
+        [ "$hw" = "-linuxio|hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml" ] || fail "launcher: hwloc must skip I/O discovery on one node: '$hw'"
     else
-        [[ $args == *" pml "* ]] && fail "launcher ($hosts): with --hostfile the PML is Open MPI's choice:$args"
+        [[ $args == *" pml "* || $args == *" btl "* || $args == *" coll_libnbc"* ]] && fail "launcher ($hosts): with --hostfile the PML, BTLs and collectives are Open MPI's choice:$args"
+        [ "$hw" = "|" ] || fail "launcher ($hosts): hwloc's discovery is Open MPI's choice with --hostfile: '$hw'"
     fi
 done
-# a PML the user chose is kept
-PATH=$work/fakebin:$PATH FAKE_ARGV=$work/argv OMPI_MCA_pml=ucx "$G" run --world 2 --no-json >/dev/null 2>&1 ||
+# a PML, BTL list or hwloc setting the user chose is kept
+PATH=$work/fakebin:$PATH FAKE_ARGV=$work/argv OMPI_MCA_pml=ucx OMPI_MCA_btl=self,tcp HWLOC_COMPONENTS=x86 "$G" run --world 2 --no-json >/dev/null 2>&1 ||
     fail "the launcher with a fake mpirun (OMPI_MCA_pml) failed"
 args=" $(tr '\n' ' ' <argv)"
-[[ $args == *" pml "* ]] && fail "launcher: OMPI_MCA_pml is set, yet mpirun was given a PML:$args"
+[[ $args == *" pml "* || $args == *" btl "* ]] && fail "launcher: OMPI_MCA_pml and OMPI_MCA_btl are set, yet mpirun was given a PML or BTLs:$args"
+[[ $args == *" --mca coll_libnbc_iallgather_algorithm 2 "* ]] || fail "launcher: the user's PML and BTLs must not drop the all-gather setting:$args"
+[[ $(cat argv.hwloc) == "x86|"* ]] || fail "launcher: the user's HWLOC_COMPONENTS must be kept: $(cat argv.hwloc)"
+# ---- every rank must run one command: ranks started with other options are refused before any
+# collective that depends on them (exit 2, the rank named); the same command on every rank runs
+out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "$G" run --seed 1 --no-json : -np 2 "$G" run --seed 2 --no-json 2>&1)
+rc=$?
+[ $rc -ne 0 ] && grep -q "rank 1 was started with other options than rank 0" <<<"$out" ||
+    fail "ranks with other options (MPMD): rc $rc, $(head -c 600 <<<"$out")"
+out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "$G" run --seed 1 --no-json : -np 1 "$G" run --seed 1 --no-json 2>&1) ||
+    fail "the same command on every rank (MPMD form) must run: $(tail -c 600 <<<"$out")"
 
 # ---- NCCL without a usable GPU: exit 2, one line, suggest mpi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -442,6 +459,17 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     grep -q -- "--backend mpi" <<<"$out" || fail "--backend nccl must suggest --backend mpi"
     # what is missing first: the build ("not built"), or the device, before any driver detail
     grep -Eq -- "--backend: nccl: (not built: |no CUDA device visible \(cudaGetDeviceCount: )" <<<"$out" || fail "--backend nccl without a GPU: $out"
+fi
+# the NCCL backend is a module loaded for --backend nccl only: the program links neither CUDA nor NCCL,
+# and without the module a CPU run runs while --backend nccl is exit 2 with the loader's words
+if [ -e "$(dirname "$G")/gradcheck-dist-nccl.so" ]; then
+    ldd "$G" | grep -Eq "libcudart|libnccl" && fail "the program links CUDA or NCCL: $(ldd "$G" | grep -E 'cudart|nccl')"
+    ldd "$(dirname "$G")/gradcheck-dist-nccl.so" | grep -q libnccl || fail "the NCCL module does not link NCCL"
+    mkdir -p lone && cp "$G" lone/
+    lone/gradcheck-dist run --world 1 --probe simplenet --mode on --no-json >/dev/null 2>&1 || fail "without the NCCL module a CPU run must run"
+    out=$(lone/gradcheck-dist run --world 1 --backend nccl --no-json 2>&1) && rc=0 || rc=$?
+    [ $rc = 2 ] && grep -q -- "--backend: nccl: cannot load the NCCL backend: .*gradcheck-dist-nccl.so" <<<"$out" ||
+        fail "--backend nccl without its module: exit $rc: $out"
 fi
 
 # ---- a caller's stderr closed under the launcher (a pipe into head): no SIGPIPE death, the run finishes

@@ -93,6 +93,17 @@ static void ddp_bucket_should_equal_one_at_a_time(gcd_comm *comm) {
         has[i] = malloc((size_t)W), has1[i] = malloc((size_t)W);
     }
     gcd_ddp_mean_bucket(comm, K, local, n, mean, all, has, nhave);
+    double *keep = mean[0];   // a NULL mean: that tensor's copies and count, no mean
+    unsigned char has0[64];
+    mean[0] = NULL;
+    if (W <= 64) {
+        memset(all1[0], 0, (size_t)W * n[0] * sizeof(double));
+        int got[K];
+        gcd_ddp_mean_bucket(comm, 1, local, n, mean, all1, (unsigned char *[]){ has0 }, got);
+        CHECK(got[0] == W && !memcmp(all[0], all1[0], (size_t)W * n[0] * sizeof(double)) && !memcmp(has0, has[0], (size_t)W),
+              "rank %d: a NULL mean must still give the count and every rank's copy", R);
+    }
+    mean[0] = keep;
     for (int i = 0; i < K; i++) {
         int want = gcd_ddp_mean(comm, local[i], n[i], one[i], all1[i], has1[i]);
         CHECK(nhave[i] == want, "rank %d: bucket tensor %d: %d ranks with a gradient, alone %d", R, i, nhave[i], want);
@@ -103,6 +114,46 @@ static void ddp_bucket_should_equal_one_at_a_time(gcd_comm *comm) {
         free(mean[i]), free(one[i]), free(all[i]), free(all1[i]), free(has[i]), free(has1[i]);
     }
     CHECK(nhave[0] == W && nhave[1] == (W + 1) / 2 && nhave[2] == 0, "rank %d: bucket counts %d %d %d", R, nhave[0], nhave[1], nhave[2]);
+}
+
+// k tensors in one collective: the same gathered values and the same gradients back, bit for bit, as k
+// gathers one at a time (two shapes, each pair of modes)
+static void gathered_pair(gcd_comm *comm, gcd_arena *a, int many, const gcd_gather_mode *mode, gcd_tensor **x, gcd_tensor *out) {
+    gcd_ctx c = gcd_ctx_make(a);
+    static const int shape[2][2] = { { 3, 2 }, { 2, 5 } };
+    gcd_tensor *y[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = gcd_tensor_new(&c, 2, (int[]){ shape[i][0], shape[i][1] });
+        x[i]->requires_grad = 1;
+        fill(x[i]->data, x[i]->n, 10 + (uint64_t)i, comm->rank);
+    }
+    if (many) gcd_all_gather_many(&c, comm, 2, x, mode, y);
+    else for (int i = 0; i < 2; i++) y[i] = gcd_all_gather(&c, comm, x[i], mode[i]);
+    for (int i = 0; i < 2; i++)
+        if (y[i]->requires_grad) fill(gcd_grad_buf(&c, y[i]), y[i]->n, 20 + (uint64_t)i, comm->rank);
+    for (int i = 0; i < 2; i++) out[i] = *y[i];   // data stays in the arena
+    gcd_backward_from(&c, y[1]);
+}
+
+static void gather_many_should_equal_one_at_a_time(gcd_comm *comm) {
+    for (int m0 = 0; m0 < GCD_GATHER_COUNT; m0++)
+        for (int m1 = 0; m1 < GCD_GATHER_COUNT; m1++) {
+            gcd_gather_mode mode[2] = { m0, m1 };
+            gcd_arena a = { 0 }, b = { 0 };
+            gcd_tensor *x[2], *x1[2], y[2], y1[2];
+            gathered_pair(comm, &a, 1, mode, x, y);
+            gathered_pair(comm, &b, 0, mode, x1, y1);
+            for (int i = 0; i < 2; i++) {
+                CHECK(y[i].n == y1[i].n && y[i].shape[0] == y1[i].shape[0] && y[i].shape[1] == y1[i].shape[1] &&
+                      !memcmp(y[i].data, y1[i].data, y[i].n * sizeof(double)),
+                      "rank %d modes %s,%s: tensor %d gathered differs from its own gather", comm->rank, gcd_gather_mode_name(m0),
+                      gcd_gather_mode_name(m1), i);
+                CHECK(!x[i]->grad == !x1[i]->grad && (!x[i]->grad || !memcmp(x[i]->grad, x1[i]->grad, x[i]->n * sizeof(double))),
+                      "rank %d modes %s,%s: tensor %d's gradient differs from its own gather's", comm->rank, gcd_gather_mode_name(m0),
+                      gcd_gather_mode_name(m1), i);
+            }
+            gcd_arena_free(&a), gcd_arena_free(&b);
+        }
 }
 
 int main(int argc, char **argv) {
@@ -116,6 +167,7 @@ int main(int argc, char **argv) {
     }
     ddp_mean_should_track_none(comm);
     ddp_bucket_should_equal_one_at_a_time(comm);
+    gather_many_should_equal_one_at_a_time(comm);
     double failures = check_failures;
     comm->all_reduce(comm, &failures, 1);
     if (comm->rank == 0) printf("test_gather world %d: %s, %d failure(s) over all ranks\n", comm->world, failures ? "FAILED" : "passed", (int)failures);

@@ -3,8 +3,11 @@
 
     bench.py --hello MPI_HELLO [--quick] [--reps N] NEW [OLD]      (bench.sh builds MPI_HELLO and calls this)
 
-1. launch: an MPI_Init/Finalize hello (mpirun --oversubscribe --mca pml ob1, as the tool launches)
-   vs `run --no-json` (default probes and modes) at worlds 1, 2, 4, 8, 16, 32 (--quick: 1, 2, 4).
+1. launch: an MPI_Init/Finalize hello vs `run --no-json` (default probes and modes) at worlds 1, 2, 4,
+   8, 16, 32 (--quick: 1, 2, 4). The hello is launched as NEW launches its ranks: NEW is run once per
+   world with a fake mpirun on PATH that records its arguments and environment, and the hello gets
+   those (its MCA settings, the hwloc variables); "plain" is the hello under mpirun's defaults (only
+   --oversubscribe), for the floor Open MPI itself sets.
 2. contrastive Di=512 Dt=256 E=128, world 4, B in {256, 1024} (--quick: 256), mode on and all four
    modes, `run --no-json` vs bench_torch.py (the same work in PyTorch float64 on gloo); ratio =
    torch / gcd (> 1: gradcheck-dist is faster); the peak resident memory of the largest process of each
@@ -16,6 +19,7 @@ all columns alike. Reps: --reps N for every row (default 5 for launch, 3 for con
 Exit 0; 1 when a run did not exit 0 (the row says rc=N); 3 when a binary fails its first check.
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -30,12 +34,12 @@ ROOT = ["--allow-run-as-root"] if os.geteuid() == 0 else []
 failed = []
 
 
-def timed(cmd, tmp):
+def timed(cmd, tmp, env=None):
     """(wall s, peak RSS MiB of the largest process, exit code, stdout) of one run"""
     tfile = os.path.join(tmp, "time")
     t = time.perf_counter()
     p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tfile, *cmd], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=1800)
+                       stderr=subprocess.PIPE, text=True, timeout=1800, env=env)
     wall = time.perf_counter() - t
     with open(tfile) as f:
         kb = int(f.read().split()[-1])
@@ -44,12 +48,12 @@ def timed(cmd, tmp):
     return wall, kb / 1024, p.returncode, p.stdout
 
 
-def paired(cmds, reps, tmp):
+def paired(cmds, reps, tmp, envs=None):
     """{name: (median s, max peak MiB, worst rc, [stdouts])}; each rep runs every command once, in turn"""
     got = {n: [] for n in cmds}
     for _ in range(reps):
         for n, c in cmds.items():
-            got[n].append(timed(c, tmp))
+            got[n].append(timed(c, tmp, (envs or {}).get(n)))
     return {n: (statistics.median(r[0] for r in v), max(r[1] for r in v),
                 max(r[2] for r in v), [r[3] for r in v]) for n, v in got.items()}
 
@@ -64,6 +68,32 @@ def size(n):
 
 def ratio(a, b):
     return "n/a" if a[2] or b[2] else f"{a[0] / b[0]:.2f}"
+
+
+FAKE_MPIRUN = """#!/usr/bin/python3
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, open(os.environ["FAKE_LAUNCH"], "w"))
+open(os.environ["GCD_RESULT_FILE"], "w").write("0\\n")
+"""
+
+
+def tool_launch(g, w, hello, tmp):
+    """(mpirun command, environment) that run the hello as `g run --world w` launches its ranks"""
+    fake = os.path.join(tmp, "fakebin")
+    os.makedirs(fake, exist_ok=True)
+    with open(os.path.join(fake, "mpirun"), "w") as f:
+        f.write(FAKE_MPIRUN)
+    os.chmod(os.path.join(fake, "mpirun"), 0o755)
+    rec = os.path.join(tmp, "launch.json")
+    env = dict(os.environ, PATH=fake + ":" + os.environ["PATH"], FAKE_LAUNCH=rec)
+    subprocess.run([g, "run", "--world", str(w), "--no-json"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+    with open(rec) as f:
+        got = json.load(f)
+    argv = got["argv"]
+    exe = next(i for i, a in enumerate(argv) if os.path.realpath(a) == g)   # mpirun's options end at the tool
+    env = {k: v for k, v in got["env"].items() if k not in ("FAKE_LAUNCH", "PATH") and not k.startswith("GCD_")}
+    return ["mpirun", *argv[:exe], hello], dict(env, PATH=os.environ["PATH"])
 
 
 def machine(gcds, torch_ok):
@@ -121,14 +151,19 @@ def main():
     os.chdir(tmp)   # reports a binary writes by default land here, and go with it
 
     # ---- 1. launch
-    print(f"\nlaunch: MPI_Init/Finalize hello vs `run --no-json` (default probes, all modes); median s of {launch_reps}")
-    head = f"{'world':>5} {'hello s':>9}" + "".join(f" {n + ' s':>9} {n + '/hello':>10}" for n in gcds)
+    print(f"\nlaunch: MPI_Init/Finalize hello vs `run --no-json` (default probes, all modes); median s of {launch_reps}; "
+          "hello: launched as new launches (its mpirun options and environment), plain: mpirun's defaults")
+    head = f"{'world':>5} {'plain s':>9} {'hello s':>9}" + "".join(f" {n + ' s':>9} {n + '/hello':>10}" for n in gcds)
     print(head)
     for w in worlds:
-        cmds = {"hello": ["mpirun", "-np", str(w), "--oversubscribe", *ROOT, "--mca", "pml", "ob1", a.hello]}
+        hello, henv = tool_launch(gcds["new"], w, a.hello, tmp)
+        cmds = {"plain": ["mpirun", "-np", str(w), "--oversubscribe", *ROOT, a.hello], "hello": hello}
         cmds.update({n: [g, "run", "--world", str(w), "--no-json"] for n, g in gcds.items()})
-        r = paired(cmds, launch_reps, tmp)
-        print(f"{w:5} {fmt_s(r['hello']):>9}" + "".join(f" {fmt_s(r[n]):>9} {ratio(r[n], r['hello']):>10}" for n in gcds),
+        r = paired(cmds, launch_reps, tmp, {"hello": henv})
+        if w == worlds[0]:
+            print(f"      (hello: {' '.join(hello[:-1])} HELLO; " + ", ".join(
+                f"{k}={v}" for k, v in sorted(henv.items()) if k.startswith(("HWLOC_", "OMPI_MCA_")) and os.environ.get(k) != v) + ")")
+        print(f"{w:5} {fmt_s(r['plain']):>9} {fmt_s(r['hello']):>9}" + "".join(f" {fmt_s(r[n]):>9} {ratio(r[n], r['hello']):>10}" for n in gcds),
               flush=True)
 
     # ---- 2. contrastive vs PyTorch
