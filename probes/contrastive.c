@@ -42,8 +42,8 @@ static gcd_tensor *clip_loss(gcd_ctx *c, gcd_tensor *scale, gcd_tensor *img_rows
     int N = img_rows->shape[0];
     int *label = gcd_arena_alloc(c->arena, (size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) label[i] = first + i;
-    gcd_tensor *li = gcd_scale(c, gcd_matmul_nt(c, img_rows, txt_all), scale);
-    gcd_tensor *lt = txt_rows ? gcd_scale(c, gcd_matmul_nt(c, txt_rows, img_all), scale) : NULL, *both[2];
+    gcd_tensor *li = gcd_matmul_nt(c, img_rows, txt_all, scale);
+    gcd_tensor *lt = txt_rows ? gcd_matmul_nt(c, txt_rows, img_all, scale) : NULL, *both[2];
     both[0] = gcd_cross_entropy(c, li, label);
     both[1] = lt ? gcd_cross_entropy(c, lt, label) : gcd_cross_entropy_cols(c, li, label);   // li^T's rows: li's columns
     return gcd_mean(c, gcd_concat(c, 2, both));

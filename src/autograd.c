@@ -4,7 +4,7 @@
 
 static const char *op_names[GCD_OP_COUNT] = {
     "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "normalize",
-    "exp", "scale", "cross_entropy", "all_gather", "detach",
+    "exp", "cross_entropy", "all_gather", "detach",
 };
 
 const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT ? op_names[op] : "?"; }

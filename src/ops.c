@@ -76,13 +76,13 @@ void mse_backward(double *da, double *db, const double *dout, const double *a, c
     }
 }
 
-void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0, a, K, b, K, 0.0, out, N);
+void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K, double s) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, s, a, K, b, K, 0.0, out, N);
 }
 
-void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K) {
-    if (da) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0, dout, N, b, K, 1.0, da, K);
-    if (db) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0, dout, N, a, K, 1.0, db, K);
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K, double s) {
+    if (da) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, s, dout, N, b, K, 1.0, da, K);
+    if (db) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, s, dout, N, a, K, 1.0, db, K);
 }
 
 #define NORMALIZE_EPS 1e-12
@@ -232,12 +232,13 @@ gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target) {
     return out;
 }
 
-gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b) {
+gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b, gcd_tensor *s) {
     need(a->ndim == 2 && b->ndim == 2 && a->shape[1] == b->shape[1], "matmul_nt", "a (M,K) and b (N,K) do not match");
+    need(!s || s->n == 1, "matmul_nt", "the factor is not a scalar");
     int shape[2] = { a->shape[0], b->shape[0] };
     gcd_tensor *out = gcd_tensor_empty(c, 2, shape);
-    matmul_nt_forward(out->data, a->data, b->data, a->shape[0], b->shape[0], a->shape[1]);
-    gcd_record(c, GCD_OP_MATMUL_NT, out, 2, (gcd_tensor *[]){ a, b });
+    matmul_nt_forward(out->data, a->data, b->data, a->shape[0], b->shape[0], a->shape[1], s ? s->data[0] : 1.0);
+    gcd_record(c, GCD_OP_MATMUL_NT, out, s ? 3 : 2, (gcd_tensor *[]){ a, b, s });
     return out;
 }
 
@@ -253,14 +254,6 @@ gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     for (size_t i = 0; i < x->n; i++) out->data[i] = exp(x->data[i]);
     gcd_record(c, GCD_OP_EXP, out, 1, &x);
-    return out;
-}
-
-gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s) {
-    need(s->n == 1, "scale", "the factor is not a scalar");
-    gcd_tensor *out = gcd_tensor_like(c, x);
-    for (size_t i = 0; i < x->n; i++) out->data[i] = s->data[0] * x->data[i];
-    gcd_record(c, GCD_OP_SCALE, out, 2, (gcd_tensor *[]){ x, s });
     return out;
 }
 
@@ -347,24 +340,29 @@ void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
     case GCD_OP_MSE:
         mse_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1] ? in[1]->data : NULL, in[0]->n);
         break;
-    case GCD_OP_MATMUL_NT:
-        matmul_nt_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data,
-                           in[0]->shape[0], in[1]->shape[0], in[0]->shape[1]);
+    case GCD_OP_MATMUL_NT: {
+        int M = in[0]->shape[0], N = in[1]->shape[0], K = in[0]->shape[1];
+        double s = nd->nin == 3 ? in[2]->data[0] : 1.0, *ds = nd->nin == 3 ? din(c, nd, 2) : NULL;
+        matmul_nt_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data, M, N, K, s);
+        if (ds) {   // d/ds of s a b^T: <dout, a b^T> = <dout, out> / s; a b^T again only where s is 0 or not finite
+            const double *p = out->data;
+            if (!(s != 0 && isfinite(s))) {
+                double *q = gcd_arena_alloc_raw(c->arena, out->n * sizeof(double));
+                matmul_nt_forward(q, in[0]->data, in[1]->data, M, N, K, 1.0);
+                p = q, s = 1;
+            }
+            double dot = 0;
+            for (size_t i = 0; i < out->n; i++) dot += dout[i] * p[i];
+            ds[0] += dot / s;
+        }
         break;
+    }
     case GCD_OP_NORMALIZE:
         normalize_backward(din(c, nd, 0), dout, out->data, nd->saved, gcd_rows(out), gcd_cols(out));
         break;
     case GCD_OP_EXP: {
         double *dx = din(c, nd, 0);
         for (size_t i = 0; i < out->n; i++) dx[i] += dout[i] * out->data[i];
-        break;
-    }
-    case GCD_OP_SCALE: {
-        double *dx = din(c, nd, 0), *ds = din(c, nd, 1);
-        for (size_t i = 0; i < out->n; i++) {
-            if (dx) dx[i] += dout[i] * in[1]->data[0];
-            if (ds) ds[0] += dout[i] * in[0]->data[i];
-        }
         break;
     }
     case GCD_OP_CROSS_ENTROPY:

@@ -23,8 +23,8 @@ void mul_forward(double *out, const double *a, const double *b, size_t n);
 void mul_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
 void mse_forward(double *out, const double *a, const double *b, size_t n);   // out (1); b NULL: zero target
 void mse_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
-void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K);   // out (M,N) = a (M,K) b (N,K)^T
-void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K);
+void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K, double s);   // out (M,N) = s a (M,K) b (N,K)^T
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K, double s);
 void normalize_forward(double *out, double *norm, const double *x, int N, int D);   // rows: x / max(||x||, 1e-12)
 void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D);
 void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C);   // out (1): mean over rows
@@ -44,10 +44,10 @@ gcd_tensor *gcd_concat(gcd_ctx *c, int k, gcd_tensor **xs);   // along dim 0; sc
 gcd_tensor *gcd_mul(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // elementwise, same shape
 gcd_tensor *gcd_mean(gcd_ctx *c, gcd_tensor *x);   // -> scalar
 gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target);   // mean((a - target)^2); target NULL: zeros
-gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b);   // a (M,K) b (N,K) -> (M,N) = a b^T
+// a (M,K) b (N,K) -> (M,N) = s a b^T, s a scalar tensor (NULL: 1): one product, no second (M,N) pass
+gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b, gcd_tensor *s);
 gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x);   // per row, as torch.nn.functional.normalize
 gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x);
-gcd_tensor *gcd_scale(gcd_ctx *c, gcd_tensor *x, gcd_tensor *s);   // s a scalar tensor: s * x
 gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (N) -> scalar
 gcd_tensor *gcd_cross_entropy_cols(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (C) -> scalar: cross_entropy(z^T)
 

@@ -28,10 +28,10 @@ static gcd_tensor *f_mul(gcd_ctx *c, gcd_tensor **in) { return gcd_mul(c, in[0],
 static gcd_tensor *f_mean(gcd_ctx *c, gcd_tensor **in) { return gcd_mean(c, in[0]); }
 static gcd_tensor *f_mse(gcd_ctx *c, gcd_tensor **in) { return gcd_mse(c, in[0], in[1]); }
 static gcd_tensor *f_mse_zero(gcd_ctx *c, gcd_tensor **in) { return gcd_mse(c, in[0], NULL); }
-static gcd_tensor *f_matmul_nt(gcd_ctx *c, gcd_tensor **in) { return gcd_matmul_nt(c, in[0], in[1]); }
+static gcd_tensor *f_matmul_nt(gcd_ctx *c, gcd_tensor **in) { return gcd_matmul_nt(c, in[0], in[1], NULL); }
+static gcd_tensor *f_matmul_nt_scaled(gcd_ctx *c, gcd_tensor **in) { return gcd_matmul_nt(c, in[0], in[1], in[2]); }
 static gcd_tensor *f_normalize(gcd_ctx *c, gcd_tensor **in) { return gcd_normalize(c, in[0]); }
 static gcd_tensor *f_exp(gcd_ctx *c, gcd_tensor **in) { return gcd_exp(c, in[0]); }
-static gcd_tensor *f_scale(gcd_ctx *c, gcd_tensor **in) { return gcd_scale(c, in[0], in[1]); }
 static gcd_tensor *f_cross_entropy(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy(c, in[0], labels); }
 static gcd_tensor *f_cross_entropy_cols(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy_cols(c, in[0], labels); }
 
@@ -56,7 +56,7 @@ static const op_case cases[] = {
     { "matmul_nt", f_matmul_nt, 2, { 2, 2 }, { { 3, 5 }, { 4, 5 } }, 1e-6, 1e-8, 0 },
     { "normalize", f_normalize, 1, { 2 }, { { 4, 6 } }, 1e-6, 1e-7, 0 },
     { "exp", f_exp, 1, { 2 }, { { 3, 3 } }, 1e-6, 1e-8, 0 },
-    { "scale", f_scale, 2, { 2, 0 }, { { 3, 4 }, { 0 } }, 1e-6, 1e-8, 0 },
+    { "matmul_nt_scaled", f_matmul_nt_scaled, 3, { 2, 2, 0 }, { { 3, 5 }, { 4, 5 }, { 0 } }, 1e-6, 1e-8, 0 },
     { "cross_entropy", f_cross_entropy, 1, { 2 }, { { 4, 5 } }, 1e-6, 1e-8, 0 },
     { "cross_entropy_cols", f_cross_entropy_cols, 1, { 2 }, { { 5, 4 } }, 1e-6, 1e-8, 0 },
     { "linear_odd", f_linear, 3, { 2, 2, 1 }, { { 7, 3 }, { 5, 3 }, { 5 } }, 1e-6, 1e-8, 0 },
@@ -227,9 +227,13 @@ static void blas_should_match_loops(int N, int C, int OC, int bias, double *wors
     ref_linear_forward(want, x, w, b, N, C, OC);
     expect_close(bias ? "linear forward" : "linear forward, no bias", N, C, OC, got, want, no, worst);
     for (size_t i = 0; i < no; i++) got[i] = NAN;
-    matmul_nt_forward(got, x, w, N, OC, C);
+    matmul_nt_forward(got, x, w, N, OC, C, 1.0);
     ref_matmul_nt_forward(want, x, w, N, OC, C);
     expect_close("matmul_nt forward", N, C, OC, got, want, no, worst);
+    const double s = 0.37;   // the factor as dgemm's alpha: s times the loops' product
+    matmul_nt_forward(got, x, w, N, OC, C, s);
+    for (size_t i = 0; i < no; i++) want[i] *= s;
+    expect_close("matmul_nt forward x0.37", N, C, OC, got, want, no, worst);
     for (int drop = -1; drop < 3; drop++) {   // -1: every gradient; else gradient `drop` is NULL
         double *g0 = randn(&r, nx), *g1 = randn(&r, nw), *g2 = bias ? randn(&r, OC) : NULL;
         double *gx = drop == 0 ? NULL : dup_or_null(g0, nx), *gw = drop == 1 ? NULL : dup_or_null(g1, nw), *gb = drop == 2 ? NULL : dup_or_null(g2, OC);
@@ -242,7 +246,7 @@ static void blas_should_match_loops(int N, int C, int OC, int bias, double *wors
         if (drop < 2) {   // matmul_nt: a (N,C) = x, b (OC,C) = w
             double *ma = drop == 0 ? NULL : dup_or_null(g0, nx), *mb = drop == 1 ? NULL : dup_or_null(g1, nw);
             double *ra = drop == 0 ? NULL : dup_or_null(g0, nx), *rb2 = drop == 1 ? NULL : dup_or_null(g1, nw);
-            matmul_nt_backward(ma, mb, dout, x, w, N, OC, C);
+            matmul_nt_backward(ma, mb, dout, x, w, N, OC, C, 1.0);
             ref_matmul_nt_backward(ra, rb2, dout, x, w, N, OC, C);
             expect_close("matmul_nt backward da", N, C, OC, ma, ra, nx, worst);
             expect_close("matmul_nt backward db", N, C, OC, mb, rb2, nw, worst);
@@ -262,7 +266,7 @@ static void blas_should_be_deterministic(void) {
     for (int t = 0; t < 3; t++) {
         openblas_set_num_threads(t == 2 ? 2 : 1);
         out[t] = malloc((size_t)N * OC * sizeof(double));
-        matmul_nt_forward(out[t], x, w, N, OC, C);
+        matmul_nt_forward(out[t], x, w, N, OC, C, 1.0);
     }
     openblas_set_num_threads(threads);
     CHECK(!memcmp(out[0], out[1], (size_t)N * OC * sizeof(double)), "matmul_nt: two runs differ");
@@ -363,6 +367,28 @@ static void no_grad_and_detach_should_cut_the_graph(void) {
     gcd_arena_free(&a);
 }
 
+// s a b^T at s = 0 (and not finite): d/ds is <dout, a b^T> all the same, not <dout, out> / s
+static void scaled_matmul_should_give_ds_at_zero(void) {
+    for (int k = 0; k < 2; k++) {
+        gcd_arena a = { 0 };
+        gcd_ctx c = gcd_ctx_make(&a);
+        gcd_tensor *x = gcd_tensor_new(&c, 2, (int[]){ 2, 3 }), *y = gcd_tensor_new(&c, 2, (int[]){ 4, 3 }), *s = gcd_tensor_new(&c, 0, NULL);
+        gcd_rng r = gcd_rng_make(5, 1);
+        for (size_t i = 0; i < x->n; i++) x->data[i] = gcd_rng_normal(&r);
+        for (size_t i = 0; i < y->n; i++) y->data[i] = gcd_rng_normal(&r);
+        s->data[0] = k ? INFINITY : 0.0;
+        s->requires_grad = 1;
+        gcd_tensor *out = gcd_matmul_nt(&c, x, y, s);
+        double *d = gcd_grad_buf(&c, out), want = 0, p[8];
+        ref_matmul_nt_forward(p, x->data, y->data, 2, 4, 3);
+        for (size_t i = 0; i < out->n; i++) d[i] = gcd_rng_normal(&r), want += d[i] * p[i];
+        gcd_backward_from(&c, out);
+        CHECK(s->grad && fabs(s->grad[0] - want) <= 1e-12 * fabs(want), "matmul_nt at s = %g: ds %.17g, expected <dout, a b^T> = %.17g", s->data[0],
+              s->grad ? s->grad[0] : NAN, want);
+        gcd_arena_free(&a);
+    }
+}
+
 int main(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (uint64_t seed = 1; seed <= 3; seed++) check_op(&cases[i], seed);
@@ -385,6 +411,7 @@ int main(void) {
     blas_should_propagate_nan();
     blas_threads_should_share_cpus();
     cross_entropy_cols_should_equal_transposed_rows();
+    scaled_matmul_should_give_ds_at_zero();
     none_should_differ_from_zero();
     no_grad_and_detach_should_cut_the_graph();
     printf("%s: %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);
