@@ -1162,7 +1162,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return help(stdout, argc > 2 ? argv[2] : NULL);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
-        int ok = puts("gradcheck-dist " GCD_VERSION) >= 0 && fflush(stdout) == 0;
+        int ok = printf("gradcheck-dist " GCD_VERSION "\nBLAS: %s, linked in\n", gcd_blas_config()) >= 0 && fflush(stdout) == 0;
         return ok ? 0 : 3;
     }
     static const char *const commands[] = { "run", "check", "report", "version", "help", NULL };

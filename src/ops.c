@@ -33,6 +33,8 @@ void linear_backward(double *dx, double *dw, double *db, const double *dout, con
     if (dw) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0, dout, OC, x, C, 1.0, dw, C);
 }
 
+const char *gcd_blas_config(void) { return openblas_get_config(); }
+
 void gcd_blas_share_cpus(int ranks) {
     cpu_set_t set;
     int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;

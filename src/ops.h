@@ -13,6 +13,7 @@
 // BLAS threads for one of `ranks` processes on this node: its share of the online CPUs, at most the
 // CPUs it may run on, at least 1 (a rank started by a plain mpirun; the launcher sets OPENBLAS_NUM_THREADS)
 void gcd_blas_share_cpus(int ranks);
+const char *gcd_blas_config(void);   // OpenBLAS's own words: version, build options, the CPU's kernels
 
 void linear_forward(double *out, const double *x, const double *w, const double *b, int N, int C, int OC);
 void linear_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *w,

@@ -106,10 +106,11 @@ def machine(gcds, torch_ok):
     print(f"machine: {os.cpu_count()} cores (nproc {len(os.sched_getaffinity(0))}), {cpu}, "
           f"load average {open('/proc/loadavg').read().split()[0]} (1 min) at start")
     for name, g in gcds.items():
-        ver = subprocess.run([g, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()
+        ver = subprocess.run([g, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip().split("\n")
         blas = [ln.split("=>")[-1].split("(")[0].strip() for ln in
                 subprocess.run(["ldd", g], stdout=subprocess.PIPE, text=True).stdout.splitlines() if "blas" in ln]
-        print(f"{name}: {g} ({ver}; BLAS: {', '.join(os.path.realpath(b) for b in blas) or 'none linked'})")
+        blas = [os.path.realpath(b) + " (shared)" for b in blas] + [v.split(": ", 1)[1] for v in ver[1:] if v.startswith("BLAS: ")]
+        print(f"{name}: {g} ({ver[0]}; BLAS: {', '.join(blas) or 'none'})")
     if torch_ok:
         v = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
                            stdout=subprocess.PIPE, text=True).stdout.strip()
