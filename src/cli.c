@@ -534,6 +534,17 @@ static void name_the_dead(const mpirun_log *m, const char *dir, const char *juni
 
 // The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
 // status: mpirun exiting with 1 because a launch failed is not a gradient finding.
+// Without --hostfile mpirun stays on this node, unless a resource manager's allocation gives it others
+// (Open MPI reads Slurm's, SGE's, PBS's and LSF's, and a default hostfile)
+static int one_node(const options *o) {
+    static const char *const others[] = { "PE_HOSTFILE", "PBS_NODEFILE", "LSB_HOSTS", "LSB_MCPU_HOSTS", "OMPI_MCA_orte_default_hostfile", NULL };
+    const char *slurm = getenv("SLURM_JOB_NUM_NODES");
+    if (o->hostfile || (getenv("SLURM_JOB_ID") && !(slurm && !strcmp(slurm, "1")))) return 0;
+    for (int i = 0; others[i]; i++)
+        if (getenv(others[i]) && *getenv(others[i])) return 0;
+    return 1;
+}
+
 static int launch(const options *o, int argc, char **argv) {
     int world = o->world ? o->world : 2;
     int rc = feasible(o, world);
@@ -597,7 +608,7 @@ static int launch(const options *o, int argc, char **argv) {
     // - hwloc without I/O discovery (PCI config space read through /sys, its libxml2, OpenCL and X11
     //   plugins loaded): Open MPI binds ranks to cores, which this topology still has.
     // Whatever the user set, or several hosts (UCX, InfiniBand), keeps Open MPI's choice.
-    if (!o->hostfile) {
+    if (one_node(o)) {
         static const char *const mca[][2] = { { "pml", "ob1" }, { "btl", "self,vader" }, { "coll_libnbc_iallgather_algorithm", "2" } };
         for (size_t i = 0; i < sizeof mca / sizeof *mca; i++) {
             char var[64];
@@ -810,23 +821,16 @@ static int default_report_path(char *path, size_t len) {
     return 0;   // the write will say why
 }
 
-// What rank 0 learns of every rank, in one collective at the start: its host and device for the
-// report, its pid to name it if it dies, and a digest of its command: every rank must run the same one
-// (the gathers' counts and every collective after them follow from it).
+// Every rank's host and pid (to name a rank that dies) and a digest of its command, in one collective
+// before any other: every rank must run the same command, as the collectives that follow, and their
+// counts, come from it. Returns the facts (world); *differs is the first rank given another command, or -1.
 typedef struct {
-    char host[256], device[256], pid[24], command[65];
+    char host[256], pid[24], command[65];
 } rank_facts;
 
-// Returns -1 when every rank was given rank 0's command, else the first rank that was not. On rank 0,
-// env's hostnames and devices point into *facts (world), which the caller frees.
-static int environment(gcd_comm *comm, gcd_env *env, int argc, char **args, rank_facts **facts) {
-    int W = comm->world, nccl = !strcmp(comm->backend, "nccl");
-    rank_facts mine = { 0 }, *all = gcd_malloc((size_t)W * sizeof *all);
-    memset(env, 0, sizeof *env);
-    env->backend = comm->backend;
-    env->world = W;
+static rank_facts *gather_rank_facts(int argc, char **args, int world, int *differs) {
+    rank_facts mine = { 0 }, *all = gcd_malloc((size_t)world * sizeof *all);
     gethostname(mine.host, sizeof mine.host - 1);
-    if (nccl) gcd_nccl_info(comm, env->nccl_version, env->cuda_version, mine.device, sizeof mine.device);
     snprintf(mine.pid, sizeof mine.pid, "%ld", (long)getpid());
     gcd_sha256 h;
     unsigned char d[32];
@@ -835,23 +839,37 @@ static int environment(gcd_comm *comm, gcd_env *env, int argc, char **args, rank
     gcd_sha256_final(&h, d);
     gcd_sha256_hex(d, mine.command);
     gcd_mpi_allgather_bytes(&mine, all, sizeof mine);
+    *differs = -1;
+    for (int k = 0; k < world; k++) {
+        all[k].host[sizeof all[k].host - 1] = all[k].pid[sizeof all[k].pid - 1] = 0;
+        if (*differs < 0 && memcmp(all[k].command, all[0].command, sizeof all[0].command)) *differs = k;
+    }
+    return all;
+}
+
+// On rank 0, env's hostnames point into facts and its devices into one block (env->devices[0]).
+static void environment(gcd_comm *comm, gcd_env *env, const rank_facts *facts) {
+    int W = comm->world, nccl = !strcmp(comm->backend, "nccl");
+    memset(env, 0, sizeof *env);
+    env->backend = comm->backend;
+    env->world = W;
     gcd_mpi_library_version(env->mpi_version, sizeof env->mpi_version);
-    int differs = -1;
-    for (int k = 0; k < W && differs < 0; k++)
-        if (strncmp(all[k].command, all[0].command, sizeof all[0].command)) differs = k;
+    char device[256] = "", *devs = NULL;
+    if (nccl) {
+        gcd_nccl_info(comm, env->nccl_version, env->cuda_version, device, sizeof device);
+        devs = gcd_malloc((size_t)W * sizeof device);
+        gcd_mpi_allgather_bytes(device, devs, sizeof device);
+    }
     if (comm->rank == 0) {
         env->hostnames = gcd_malloc((size_t)W * sizeof(char *));
         if (nccl) env->devices = gcd_malloc((size_t)W * sizeof(char *));
         for (int k = 0; k < W; k++) {
-            all[k].host[sizeof all[k].host - 1] = all[k].device[sizeof all[k].device - 1] = all[k].pid[sizeof all[k].pid - 1] = 0;
-            env->hostnames[k] = all[k].host;
-            if (nccl) env->devices[k] = all[k].device;
+            env->hostnames[k] = (char *)facts[k].host;
+            if (nccl) env->devices[k] = devs + sizeof device * k, devs[sizeof device * (k + 1) - 1] = 0;
         }
-        *facts = all;
-    } else free(all), *facts = NULL;
+    } else free(devs);
     time_t t = time(NULL);
     strftime(env->start_time, sizeof env->start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
-    return differs;
 }
 
 // Is this run what its role expects? Under test: no finding. A control: exactly its signature (expect.c),
@@ -906,26 +924,30 @@ static gcd_values report_values(const options *o) {
 }
 
 static int run_rank(const options *o, int argc, char **argv) {
+    int nargs = argc;
     char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
     for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
     gcd_mpi_set_timeout(o->timeout);   // MPI_Init too
     gcd_mpi_init(&argc, &argv);
     gcd_comm *comm = gcd_comm_mpi();
-    int root = comm->rank == 0;
-    if (o->world && o->world != comm->world) {
-        if (root) fprintf(stderr, "gradcheck-dist: --world: %d, but this MPI job has %d ranks\n", o->world, comm->world);
+    int root = comm->rank == 0, differs;
+    rank_facts *facts = gather_rank_facts(nargs, args, comm->world, &differs);
+    char why[640] = "";   // every rank decides alike: the same facts, the same job, NCCL's own agreement
+    if (differs >= 0)
+        snprintf(why, sizeof why, "rank %d was started with other options than rank 0: every rank must run the same command", differs);
+    else if (o->world && o->world != comm->world)
+        snprintf(why, sizeof why, "--world: %d, but this MPI job has %d ranks", o->world, comm->world);
+    else if (!strcmp(o->backend, "nccl")) {
+        char reason[512] = "";
+        gcd_comm *nccl = gcd_comm_nccl(comm, reason, sizeof reason);
+        if (nccl) comm = nccl;
+        else snprintf(why, sizeof why, "--backend nccl: %s; use --backend mpi", reason);
+    }
+    if (why[0]) {
+        if (root) fprintf(stderr, "gradcheck-dist: %s\n", why);
+        free(facts);
         gcd_mpi_finalize();
         return rank_exit(root, 2);
-    }
-    if (!strcmp(o->backend, "nccl")) {
-        char why[512] = "";
-        gcd_comm *nccl = gcd_comm_nccl(comm, why, sizeof why);
-        if (!nccl) {
-            if (root) fprintf(stderr, "gradcheck-dist: --backend nccl: %s; use --backend mpi\n", why);
-            gcd_mpi_finalize();
-            return rank_exit(root, 2);
-        }
-        comm = nccl;
     }
     if (!getenv("OPENBLAS_NUM_THREADS")) {   // a plain mpirun, not the launcher: this node's CPUs shared out
         int local_rank, local_size;
@@ -934,15 +956,7 @@ static int run_rank(const options *o, int argc, char **argv) {
     }
     job.t0 = now();
     gcd_env env;
-    rank_facts *facts;
-    int differs = environment(comm, &env, argc, args, &facts);
-    if (differs >= 0) {
-        if (root) fprintf(stderr, "gradcheck-dist: rank %d was started with other options than rank 0: every rank must run the same command\n", differs);
-        free(facts), free(env.hostnames), free(env.devices);
-        if (comm->impl) gcd_comm_nccl_free(comm);
-        gcd_mpi_finalize();
-        return rank_exit(root, 2);
-    }
+    environment(comm, &env, facts);
     shared_file(interrupted_file, sizeof interrupted_file, "interrupted");
     const char *launcher = getenv("GCD_LAUNCHER_PID");   // a launcher killed by SIGKILL leaves no file: it is gone
     snprintf(launcher_stat, sizeof launcher_stat, "/proc/%ld/stat", launcher ? atol(launcher) : 0L);
@@ -954,7 +968,7 @@ static int run_rank(const options *o, int argc, char **argv) {
         if (f) fclose(f);
     }
     if (root) {
-        job.doc = gcd_report_new(argc, args, &env);
+        job.doc = gcd_report_new(nargs, args, &env);
         if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
         else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
         if (o->junit) snprintf(job.junit, sizeof job.junit, "%s", o->junit);
@@ -1021,12 +1035,13 @@ static int run_rank(const options *o, int argc, char **argv) {
         fflush(NULL);
         cJSON_Delete(job.doc);
         job.doc = NULL;
-        free(facts), free(env.hostnames), free(env.devices);
+        free(env.hostnames), free(env.devices ? env.devices[0] : NULL), free(env.devices);
     }
     gcd_mpi_bcast_int(&code, 0);
     if (comm->impl) gcd_comm_nccl_free(comm);
     gcd_mpi_finalize();
-    for (int i = 0; i < argc; i++) free(args[i]);
+    free(facts);
+    for (int i = 0; i < nargs; i++) free(args[i]);
     free(args);
     return rank_exit(root, code);
 }

@@ -20,7 +20,7 @@ const char *gcd_gather_mode_library(int mode, int local_loss);   // whose real c
 int gcd_gather_mode_parse(const char *s);        // -1 when unknown
 
 // Every rank passes the same shapes, as MPI and NCCL need the same counts on every rank (gcd_run's ranks
-// run one command, which the CLI checks once at the start).
+// run one command: the CLI checks it in their first collective, and the shapes follow from it).
 gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather_mode mode);
 // k tensors in one collective: out[i] is what gcd_all_gather(c, comm, x[i], mode[i]) gives, each its
 // own autograd node

@@ -1,6 +1,7 @@
 /*
  * nccl_module: the NCCL backend's calls (comm.h), forwarded to the module comm_nccl.c is built into,
- * loaded on the first call: next to the program, else where it is installed. Only --backend nccl
+ * loaded on the first call: next to the program (the build tree), else where it is installed
+ * (<prefix>/lib/gradcheck-dist, relative to the program's directory). Only --backend nccl
  * calls them, so a CPU run loads neither CUDA nor NCCL: each rank's start is shorter by their loading
  * (measured in tests/bench), and a machine without them runs --backend mpi all the same.
  */
@@ -22,11 +23,12 @@ static const gcd_nccl_api *module(char *why, size_t len) {
     static int tried;
     if (!tried) {
         tried = 1;
-        char path[PATH_MAX + 64] = "";
+        char path[PATH_MAX + 128] = "";
         ssize_t n = readlink("/proc/self/exe", path, PATH_MAX);
         char *slash = n > 0 ? (path[n] = 0, strrchr(path, '/')) : NULL;
-        if (slash) snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", MODULE);
-        if (!slash || access(path, F_OK)) snprintf(path, sizeof path, "%s/%s", GCD_NCCL_MODULE_DIR, MODULE);
+        size_t room = slash ? sizeof path - (size_t)(slash + 1 - path) : 0;
+        if (slash) snprintf(slash + 1, room, "%s", MODULE);
+        if (slash && access(path, F_OK)) snprintf(slash + 1, room, "%s/%s", GCD_NCCL_MODULE_REL, MODULE);
         // global: CUDA and NCCL join the program's scope, where a test's LD_PRELOAD shim finds them (RTLD_NEXT)
         void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
         if (h) api = dlsym(h, "gcd_nccl_module");

@@ -78,13 +78,17 @@ void mse_backward(double *da, double *db, const double *dout, const double *a, c
     }
 }
 
+// s is dgemm's alpha: no second pass over out. A zero or non-finite s multiplies afterwards, as
+// s * (a b^T) does: dgemm with alpha 0 reads neither input, and a NaN in them must still reach out.
 void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K, double s) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, s, a, K, b, K, 0.0, out, N);
+    int plain = s != 0 && isfinite(s);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, plain ? s : 1.0, a, K, b, K, 0.0, out, N);
+    for (size_t i = 0; !plain && i < (size_t)M * N; i++) out[i] *= s;
 }
 
-void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K, double s) {
-    if (da) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, s, dout, N, b, K, 1.0, da, K);
-    if (db) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, s, dout, N, a, K, 1.0, db, K);
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K) {
+    if (da) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0, dout, N, b, K, 1.0, da, K);
+    if (db) cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0, dout, N, a, K, 1.0, db, K);
 }
 
 #define NORMALIZE_EPS 1e-12
@@ -344,19 +348,24 @@ void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
         break;
     case GCD_OP_MATMUL_NT: {
         int M = in[0]->shape[0], N = in[1]->shape[0], K = in[0]->shape[1];
-        double s = nd->nin == 3 ? in[2]->data[0] : 1.0, *ds = nd->nin == 3 ? din(c, nd, 2) : NULL;
-        matmul_nt_backward(din(c, nd, 0), din(c, nd, 1), dout, in[0]->data, in[1]->data, M, N, K, s);
-        if (ds) {   // d/ds of s a b^T: <dout, a b^T> = <dout, out> / s; a b^T again only where s is 0 or not finite
-            const double *p = out->data;
-            if (!(s != 0 && isfinite(s))) {
-                double *q = gcd_arena_alloc_raw(c->arena, out->n * sizeof(double));
-                matmul_nt_forward(q, in[0]->data, in[1]->data, M, N, K, 1.0);
-                p = q, s = 1;
-            }
-            double dot = 0;
-            for (size_t i = 0; i < out->n; i++) dot += dout[i] * p[i];
-            ds[0] += dot / s;
+        double *da = din(c, nd, 0), *db = din(c, nd, 1);
+        if (nd->nin == 2) {
+            matmul_nt_backward(da, db, dout, in[0]->data, in[1]->data, M, N, K);
+            break;
         }
+        // s a b^T: the unscaled products t = dout b and u = dout^T a once, then da += s t, db += s u, and
+        // d/ds = <dout, a b^T> = <a, t>: exact at any s, and a NaN in dout reaches them at s = 0 too
+        double s = in[2]->data[0], *ds = din(c, nd, 2);
+        double *t = da || ds ? gcd_arena_alloc(c->arena, (size_t)M * K * sizeof(double)) : NULL;
+        double *u = db ? gcd_arena_alloc(c->arena, (size_t)N * K * sizeof(double)) : NULL;
+        matmul_nt_backward(t, u, dout, in[0]->data, in[1]->data, M, N, K);
+        double dot = 0;
+        for (size_t i = 0; t && i < (size_t)M * K; i++) {
+            if (da) da[i] += s * t[i];
+            dot += in[0]->data[i] * t[i];
+        }
+        for (size_t i = 0; u && i < (size_t)N * K; i++) db[i] += s * u[i];
+        if (ds) ds[0] += dot;
         break;
     }
     case GCD_OP_NORMALIZE:

@@ -25,7 +25,7 @@ void mul_backward(double *da, double *db, const double *dout, const double *a, c
 void mse_forward(double *out, const double *a, const double *b, size_t n);   // out (1); b NULL: zero target
 void mse_backward(double *da, double *db, const double *dout, const double *a, const double *b, size_t n);
 void matmul_nt_forward(double *out, const double *a, const double *b, int M, int N, int K, double s);   // out (M,N) = s a (M,K) b (N,K)^T
-void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K, double s);
+void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K);   // of a b^T
 void normalize_forward(double *out, double *norm, const double *x, int N, int D);   // rows: x / max(||x||, 1e-12)
 void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D);
 void cross_entropy_forward(double *out, double *prob, const double *z, const int *label, int N, int C);   // out (1): mean over rows

@@ -443,12 +443,29 @@ args=" $(tr '\n' ' ' <argv)"
 [[ $args == *" pml "* || $args == *" btl "* ]] && fail "launcher: OMPI_MCA_pml and OMPI_MCA_btl are set, yet mpirun was given a PML or BTLs:$args"
 [[ $args == *" --mca coll_libnbc_iallgather_algorithm 2 "* ]] || fail "launcher: the user's PML and BTLs must not drop the all-gather setting:$args"
 [[ $(cat argv.hwloc) == "x86|"* ]] || fail "launcher: the user's HWLOC_COMPONENTS must be kept: $(cat argv.hwloc)"
+# a resource manager's allocation of several nodes keeps them too (mpirun may start ranks elsewhere);
+# Slurm's one-node allocation is one node
+for rm in "SLURM_JOB_ID=7 SLURM_JOB_NUM_NODES=2" "PBS_NODEFILE=/tmp/nodes" "SLURM_JOB_ID=7 SLURM_JOB_NUM_NODES=1"; do
+    # shellcheck disable=SC2086
+    env PATH="$work/fakebin:$PATH" FAKE_ARGV="$work/argv" $rm "$G" run --world 2 --no-json >/dev/null 2>&1 || fail "the launcher with a fake mpirun ($rm) failed"
+    args=" $(tr '\n' ' ' <argv)"
+    if [[ $rm == *"NUM_NODES=1" ]]; then
+        [[ $args == *" --mca btl self,vader "* ]] || fail "launcher ($rm): a one-node allocation is one node:$args"
+    else
+        [[ $args == *" btl "* || $args == *" pml "* ]] && fail "launcher ($rm): an allocation of several nodes keeps Open MPI's choices:$args"
+        [ "$(cat argv.hwloc)" = "|" ] || fail "launcher ($rm): hwloc's discovery must be kept: $(cat argv.hwloc)"
+    fi
+done
 # ---- every rank must run one command: ranks started with other options are refused before any
 # collective that depends on them (exit 2, the rank named); the same command on every rank runs
 out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "$G" run --seed 1 --no-json : -np 2 "$G" run --seed 2 --no-json 2>&1)
 rc=$?
-[ $rc -ne 0 ] && grep -q "rank 1 was started with other options than rank 0" <<<"$out" ||
+[ $rc = 2 ] && grep -q "rank 1 was started with other options than rank 0" <<<"$out" ||
     fail "ranks with other options (MPMD): rc $rc, $(head -c 600 <<<"$out")"
+out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "$G" run --no-json : -np 1 "$G" run --backend nccl --no-json 2>&1)
+rc=$?
+[ $rc = 2 ] && grep -q "rank 1 was started with other options than rank 0" <<<"$out" ||
+    fail "a rank with another --backend must be refused before any collective of the backend: rc $rc, $(head -c 600 <<<"$out")"
 out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 "$G" run --seed 1 --no-json : -np 1 "$G" run --seed 1 --no-json 2>&1) ||
     fail "the same command on every rank (MPMD form) must run: $(tail -c 600 <<<"$out")"
 
@@ -465,11 +482,16 @@ fi
 if [ -e "$(dirname "$G")/gradcheck-dist-nccl.so" ]; then
     ldd "$G" | grep -Eq "libcudart|libnccl" && fail "the program links CUDA or NCCL: $(ldd "$G" | grep -E 'cudart|nccl')"
     ldd "$(dirname "$G")/gradcheck-dist-nccl.so" | grep -q libnccl || fail "the NCCL module does not link NCCL"
-    mkdir -p lone && cp "$G" lone/
-    lone/gradcheck-dist run --world 1 --probe simplenet --mode on --no-json >/dev/null 2>&1 || fail "without the NCCL module a CPU run must run"
-    out=$(lone/gradcheck-dist run --world 1 --backend nccl --no-json 2>&1) && rc=0 || rc=$?
+    mkdir -p lone/bin && cp "$G" lone/bin/   # lone/lib/gradcheck-dist holds no module
+    lone() { lone/bin/gradcheck-dist "$@"; }
+    lone run --world 1 --probe simplenet --mode on --no-json >/dev/null 2>&1 || fail "without the NCCL module a CPU run must run"
+    out=$(lone run --world 1 --backend nccl --no-json 2>&1) && rc=0 || rc=$?
     [ $rc = 2 ] && grep -q -- "--backend: nccl: cannot load the NCCL backend: .*gradcheck-dist-nccl.so" <<<"$out" ||
         fail "--backend nccl without its module: exit $rc: $out"
+    # installed: <prefix>/bin and <prefix>/lib/gradcheck-dist, found whatever the prefix
+    mkdir -p lone/lib/gradcheck-dist && cp "$(dirname "$G")/gradcheck-dist-nccl.so" lone/lib/gradcheck-dist/
+    out=$(lone run --world 1 --backend nccl --no-json 2>&1)
+    grep -q "cannot load" <<<"$out" && fail "the installed module (lone/lib/gradcheck-dist) was not found: $out"
 fi
 
 # ---- a caller's stderr closed under the launcher (a pipe into head): no SIGPIPE death, the run finishes

@@ -246,7 +246,7 @@ static void blas_should_match_loops(int N, int C, int OC, int bias, double *wors
         if (drop < 2) {   // matmul_nt: a (N,C) = x, b (OC,C) = w
             double *ma = drop == 0 ? NULL : dup_or_null(g0, nx), *mb = drop == 1 ? NULL : dup_or_null(g1, nw);
             double *ra = drop == 0 ? NULL : dup_or_null(g0, nx), *rb2 = drop == 1 ? NULL : dup_or_null(g1, nw);
-            matmul_nt_backward(ma, mb, dout, x, w, N, OC, C, 1.0);
+            matmul_nt_backward(ma, mb, dout, x, w, N, OC, C);
             ref_matmul_nt_backward(ra, rb2, dout, x, w, N, OC, C);
             expect_close("matmul_nt backward da", N, C, OC, ma, ra, nx, worst);
             expect_close("matmul_nt backward db", N, C, OC, mb, rb2, nw, worst);
@@ -367,16 +367,19 @@ static void no_grad_and_detach_should_cut_the_graph(void) {
     gcd_arena_free(&a);
 }
 
-// s a b^T at s = 0 (and not finite): d/ds is <dout, a b^T> all the same, not <dout, out> / s
-static void scaled_matmul_should_give_ds_at_zero(void) {
-    for (int k = 0; k < 2; k++) {
+// s a b^T at any s: d/ds is <dout, a b^T> (never <dout, out> / s, which overflows at 1e300, loses
+// digits at 1e-320 and is 0/0 at 0); at s = 0 a NaN in an input or in dout still reaches out and the
+// inputs' gradients, as s * (a b^T) gives them (dgemm with alpha 0 reads nothing)
+static void scaled_matmul_should_be_exact_at_any_scale(void) {
+    static const double scales[] = { 0.0, INFINITY, 1e300, 1e-320 };
+    for (int k = 0; k < 4; k++) {
         gcd_arena a = { 0 };
         gcd_ctx c = gcd_ctx_make(&a);
         gcd_tensor *x = gcd_tensor_new(&c, 2, (int[]){ 2, 3 }), *y = gcd_tensor_new(&c, 2, (int[]){ 4, 3 }), *s = gcd_tensor_new(&c, 0, NULL);
         gcd_rng r = gcd_rng_make(5, 1);
         for (size_t i = 0; i < x->n; i++) x->data[i] = gcd_rng_normal(&r);
         for (size_t i = 0; i < y->n; i++) y->data[i] = gcd_rng_normal(&r);
-        s->data[0] = k ? INFINITY : 0.0;
+        s->data[0] = scales[k];
         s->requires_grad = 1;
         gcd_tensor *out = gcd_matmul_nt(&c, x, y, s);
         double *d = gcd_grad_buf(&c, out), want = 0, p[8];
@@ -387,6 +390,19 @@ static void scaled_matmul_should_give_ds_at_zero(void) {
               s->grad ? s->grad[0] : NAN, want);
         gcd_arena_free(&a);
     }
+    gcd_arena a = { 0 };
+    gcd_ctx c = gcd_ctx_make(&a);
+    gcd_tensor *x = gcd_tensor_new(&c, 2, (int[]){ 2, 3 }), *y = gcd_tensor_new(&c, 2, (int[]){ 4, 3 }), *s = gcd_tensor_new(&c, 0, NULL);
+    x->requires_grad = y->requires_grad = 1;
+    x->data[0] = NAN;
+    gcd_tensor *out = gcd_matmul_nt(&c, x, y, s);   // s = 0
+    CHECK(isnan(out->data[0]) && isnan(out->data[3]) && out->data[4] == 0, "matmul_nt at s = 0: a NaN in a must reach its row of out (%g %g %g)",
+          out->data[0], out->data[3], out->data[4]);
+    double *d = gcd_grad_buf(&c, out);
+    d[5] = NAN;   // row 1, column 1
+    gcd_backward_from(&c, out);
+    CHECK(isnan(x->grad[3]) && isnan(y->grad[3]), "matmul_nt at s = 0: a NaN in dout must reach da and db (%g %g)", x->grad[3], y->grad[3]);
+    gcd_arena_free(&a);
 }
 
 int main(void) {
@@ -411,7 +427,7 @@ int main(void) {
     blas_should_propagate_nan();
     blas_threads_should_share_cpus();
     cross_entropy_cols_should_equal_transposed_rows();
-    scaled_matmul_should_give_ds_at_zero();
+    scaled_matmul_should_be_exact_at_any_scale();
     none_should_differ_from_zero();
     no_grad_and_detach_should_cut_the_graph();
     printf("%s: %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);

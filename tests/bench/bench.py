@@ -92,8 +92,14 @@ def tool_launch(g, w, hello, tmp):
         got = json.load(f)
     argv = got["argv"]
     exe = next(i for i, a in enumerate(argv) if os.path.realpath(a) == g)   # mpirun's options end at the tool
+    opts = []   # without the tool's own GCD_ variables (the hello has no use for them)
+    for a in argv[:exe]:
+        if opts and opts[-1] == "-x" and a.startswith("GCD_"):
+            opts.pop()
+        else:
+            opts.append(a)
     env = {k: v for k, v in got["env"].items() if k not in ("FAKE_LAUNCH", "PATH") and not k.startswith("GCD_")}
-    return ["mpirun", *argv[:exe], hello], dict(env, PATH=os.environ["PATH"])
+    return ["mpirun", *opts, hello], dict(env, PATH=os.environ["PATH"])
 
 
 def machine(gcds, torch_ok):
