@@ -52,6 +52,7 @@ usage_error FILE report
 "$G" --help | grep -q "exit status" || fail "--help does not document the exit status"
 "$G" run --help | grep -q -- "--mode" || fail "run --help does not list --mode"
 "$G" --version | grep -Eq "^gradcheck-dist [0-9]+\.[0-9]+\.[0-9]+$" || fail "--version: $("$G" --version)"
+"$G" --version | grep -Eq "^BLAS: OpenBLAS [0-9.]+ .*, linked in$" || fail "--version must name the BLAS: $("$G" --version)"
 for v in -V version; do [ "$("$G" $v)" = "$("$G" --version)" ] || fail "$v must print the version: $("$G" $v 2>&1)"; done
 # each command's --help is its own usage: its options, not the others'
 "$G" run --help >help_run.txt && grep -q -- "--mode" help_run.txt && ! grep -q -- "--snippet\|--format" help_run.txt || fail "run --help: $(head -3 help_run.txt)"

@@ -54,7 +54,7 @@ def lines(text, prefix):
 
 
 os.chdir(tempfile.mkdtemp(prefix="test_ticket_md."))
-version = run("--version").split()[-1]
+version = run("--version").split("\n")[0].split()[-1]   # "gradcheck-dist X.Y.Z", then the BLAS line
 schema = json.load(open(os.path.join(SRC, "reports", "schema.json")))
 
 # ---- a run report: the title in the library's words, from the findings' numbers
