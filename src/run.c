@@ -128,13 +128,15 @@ static void step(gcd_comm *comm, const gcd_run_opts *o, gcd_params *P, gcd_arena
 // rank's loss and, on the first step, what blame.c reads of it: every rank's shortest path from each
 // parameter to its loss, and every rank's gradients on both sides of each gather.
 
-typedef struct {
+#define BUCKET_MAX (GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS)   // parameters, the loss, the paths, both sides of each gather
+
+typedef struct {   // gcd_ddp_mean_bucket's arguments, one tensor at a time
     int k;
-    const double *local[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
-    size_t n[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
-    double *mean[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS], *all[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
-    unsigned char *has[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
-    int nhave[GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS];
+    const double *local[BUCKET_MAX];
+    size_t n[BUCKET_MAX];
+    double *mean[BUCKET_MAX], *all[BUCKET_MAX];
+    unsigned char *has[BUCKET_MAX];
+    int nhave[BUCKET_MAX];
 } bucket;
 
 static void bucket_add(bucket *b, const double *local, size_t n, double *mean, double *all, unsigned char *has) {
