@@ -114,11 +114,15 @@ void gcd_mpi_finalize(void) {
 // ----------------------------------------------------------------------------
 // collectives
 
+static void all_gather(const void *send, void *recv, int n, MPI_Datatype type) {
+    MPI_Request r;
+    mpi_check(MPI_Iallgather(send, n, type, recv, n, type, world_comm, &r), "MPI_Allgather", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Allgather");
+}
+
 static void mpi_all_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
     (void)c;
-    MPI_Request r;
-    mpi_check(MPI_Iallgather(send, (int)n, MPI_DOUBLE, recv, (int)n, MPI_DOUBLE, world_comm, &r), "MPI_Allgather", __FILE__, __LINE__);
-    mpiWait(r, "MPI_Allgather");
+    all_gather(send, recv, (int)n, MPI_DOUBLE);
 }
 
 static void mpi_reduce_scatter(gcd_comm *c, const double *send, double *recv, size_t n) {
@@ -160,11 +164,7 @@ gcd_comm *gcd_comm_mpi(void) {
 
 void gcd_mpi_bcast_int(int *v, int root) { mpiCheck(MPI_Bcast(v, 1, MPI_INT, root, world_comm)); }
 
-void gcd_mpi_allgather_bytes(const void *mine, void *all, int len) {
-    MPI_Request r;
-    mpi_check(MPI_Iallgather(mine, len, MPI_BYTE, all, len, MPI_BYTE, world_comm, &r), "MPI_Allgather", __FILE__, __LINE__);
-    mpiWait(r, "MPI_Allgather");
-}
+void gcd_mpi_allgather_bytes(const void *mine, void *all, int len) { all_gather(mine, all, len, MPI_BYTE); }
 
 void gcd_mpi_library_version(char *buf, int len) {
     char v[MPI_MAX_LIBRARY_VERSION_STRING];
