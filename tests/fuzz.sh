@@ -28,14 +28,14 @@ command -v "$cc" >/dev/null || fail "no $cc: apt-get install clang libclang-rt-1
 cjson=$(pkg-config --cflags --libs libcjson) || fail "no libcjson (pkg-config): apt-get install libcjson-dev"
 
 case $target in
-    safetensors) sources=("$root/src/safetensors.c") ;;
-    report) sources=("$root/src/report_io.c" "$root/src/report_text.c" "$root/src/report_md.c" "$root/src/report_junit.c") ;;
+    safetensors) sources=("$root/src/check/safetensors.c") ;;
+    report) sources=("$root/src/report/report_io.c" "$root/src/report/report_text.c" "$root/src/report/report_md.c" "$root/src/report/report_junit.c") ;;
     *) fail "unknown target '$target': safetensors or report" ;;
 esac
 exe=$build/fuzz_$target
 # shellcheck disable=SC2086
 "$cc" -g -O1 -std=gnu11 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DGCD_VERSION='"fuzz"' \
-    -I"$root/src" -I"$root/probes" "${sources[@]}" "$root/src/util.c" "$root/tests/fuzz_$target.c" $cjson -lm -lpthread \
+    -I"$root/src" -I"$root/src/engine" -I"$root/src/comm" -I"$root/src/diagnose" -I"$root/src/check" -I"$root/src/report" -I"$root/probes" "${sources[@]}" "$root/src/util.c" "$root/tests/fuzz_$target.c" $cjson -lm -lpthread \
     -o "$exe" ||
     fail "the fuzz target does not build (libFuzzer is in libclang-rt-14-dev on Debian 12)"
 

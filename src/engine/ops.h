@@ -51,7 +51,3 @@ gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x);   // per row, as torch.nn.
 gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x);
 gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (N) -> scalar
 gcd_tensor *gcd_cross_entropy_cols(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (C) -> scalar: cross_entropy(z^T)
-
-// the backward of one recorded node (autograd.c's dispatch)
-struct gcd_node;
-void gcd_op_backward(gcd_ctx *c, struct gcd_node *nd);

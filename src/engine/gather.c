@@ -53,6 +53,7 @@ void gcd_all_gather_many(gcd_ctx *c, gcd_comm *comm, int k, gcd_tensor *const *x
     for (int i = 0; i < k; i++) {
         int prev = gcd_set_grad_enabled(c, c->grad_enabled && mode[i] != GCD_GATHER_OFF);   // off: under no_grad, as Lightning
         gcd_node *nd = gcd_record(c, GCD_OP_GATHER, out[i], 1, (gcd_tensor *[]){ x[i] });  // off: detached, no graph
+        nd->backward = gcd_gather_backward;
         gcd_set_grad_enabled(c, prev);
         nd->comm = comm;
         nd->mode = mode[i];

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "autograd.h"
-#include "gather.h"
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -157,6 +156,16 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *p
         for (int c = 0; c < C; c++) dz[(size_t)n * C + c] += k * (prob[(size_t)n * C + c] - (n == label[c]));
 }
 
+
+static void op_backward(gcd_ctx *c, gcd_node *nd);
+
+// every op's node: recorded on the tape, differentiated by op_backward's switch below
+static gcd_node *record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor **in) {
+    gcd_node *nd = gcd_record(c, op, out, nin, in);
+    nd->backward = op_backward;
+    return nd;
+}
+
 // ----------------------------------------------------------------------------
 // autograd ops
 
@@ -172,14 +181,14 @@ gcd_tensor *gcd_linear(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b) 
     int shape[2] = { x->shape[0], w->shape[0] };
     gcd_tensor *out = gcd_tensor_empty(c, 2, shape);
     linear_forward(out->data, x->data, w->data, b ? b->data : NULL, x->shape[0], x->shape[1], w->shape[0]);
-    gcd_record(c, GCD_OP_LINEAR, out, 3, (gcd_tensor *[]){ x, w, b });
+    record(c, GCD_OP_LINEAR, out, 3, (gcd_tensor *[]){ x, w, b });
     return out;
 }
 
 gcd_tensor *gcd_relu(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     relu_forward(out->data, x->data, x->n);
-    gcd_record(c, GCD_OP_RELU, out, 1, &x);
+    record(c, GCD_OP_RELU, out, 1, &x);
     return out;
 }
 
@@ -195,7 +204,7 @@ gcd_tensor *gcd_view(gcd_ctx *c, gcd_tensor *x, int ndim, const int *shape) {
     gcd_tensor *out = gcd_tensor_empty(c, ndim, s);
     need(out->n == x->n, "view", "the new shape has another number of elements");
     memcpy(out->data, x->data, x->n * sizeof(double));
-    gcd_record(c, GCD_OP_VIEW, out, 1, &x);
+    record(c, GCD_OP_VIEW, out, 1, &x);
     return out;
 }
 
@@ -209,7 +218,7 @@ gcd_tensor *gcd_concat(gcd_ctx *c, int k, gcd_tensor **xs) {
     int shape[GCD_MAX_DIM] = { rows, xs[0]->ndim == 2 ? xs[0]->shape[1] : 0 };
     gcd_tensor *out = gcd_tensor_empty(c, ndim, shape);
     for (int i = 0, off = 0; i < k; off += (int)xs[i]->n, i++) memcpy(out->data + off, xs[i]->data, xs[i]->n * sizeof(double));
-    gcd_record(c, GCD_OP_CONCAT, out, k, xs);
+    record(c, GCD_OP_CONCAT, out, k, xs);
     return out;
 }
 
@@ -217,7 +226,7 @@ gcd_tensor *gcd_mul(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b) {
     need(a->n == b->n, "mul", "shapes differ");
     gcd_tensor *out = gcd_tensor_like(c, a);
     mul_forward(out->data, a->data, b->data, a->n);
-    gcd_record(c, GCD_OP_MUL, out, 2, (gcd_tensor *[]){ a, b });
+    record(c, GCD_OP_MUL, out, 2, (gcd_tensor *[]){ a, b });
     return out;
 }
 
@@ -226,7 +235,7 @@ gcd_tensor *gcd_mean(gcd_ctx *c, gcd_tensor *x) {
     double s = 0;
     for (size_t i = 0; i < x->n; i++) s += x->data[i];
     out->data[0] = s / (double)x->n;
-    gcd_record(c, GCD_OP_MEAN, out, 1, &x);
+    record(c, GCD_OP_MEAN, out, 1, &x);
     return out;
 }
 
@@ -234,7 +243,7 @@ gcd_tensor *gcd_mse(gcd_ctx *c, gcd_tensor *a, gcd_tensor *target) {
     need(!target || target->n == a->n, "mse", "target's shape differs");
     gcd_tensor *out = scalar(c);
     mse_forward(out->data, a->data, target ? target->data : NULL, a->n);
-    gcd_record(c, GCD_OP_MSE, out, 2, (gcd_tensor *[]){ a, target });
+    record(c, GCD_OP_MSE, out, 2, (gcd_tensor *[]){ a, target });
     return out;
 }
 
@@ -244,7 +253,7 @@ gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b, gcd_tensor *
     int shape[2] = { a->shape[0], b->shape[0] };
     gcd_tensor *out = gcd_tensor_empty(c, 2, shape);
     matmul_nt_forward(out->data, a->data, b->data, a->shape[0], b->shape[0], a->shape[1], s ? s->data[0] : 1.0);
-    gcd_record(c, GCD_OP_MATMUL_NT, out, s ? 3 : 2, (gcd_tensor *[]){ a, b, s });
+    record(c, GCD_OP_MATMUL_NT, out, s ? 3 : 2, (gcd_tensor *[]){ a, b, s });
     return out;
 }
 
@@ -252,14 +261,14 @@ gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     double *norm = gcd_arena_alloc_raw(c->arena, (size_t)gcd_rows(x) * sizeof(double));
     normalize_forward(out->data, norm, x->data, gcd_rows(x), gcd_cols(x));
-    gcd_record(c, GCD_OP_NORMALIZE, out, 1, &x)->saved = norm;
+    record(c, GCD_OP_NORMALIZE, out, 1, &x)->saved = norm;
     return out;
 }
 
 gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x) {
     gcd_tensor *out = gcd_tensor_like(c, x);
     for (size_t i = 0; i < x->n; i++) out->data[i] = exp(x->data[i]);
-    gcd_record(c, GCD_OP_EXP, out, 1, &x);
+    record(c, GCD_OP_EXP, out, 1, &x);
     return out;
 }
 
@@ -279,7 +288,7 @@ static gcd_tensor *cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label, in
         cross_entropy_cols_forward(out->data, prob, work, z->data, lab, N, C);
     } else
         cross_entropy_forward(out->data, prob, z->data, lab, N, C);
-    gcd_node *nd = gcd_record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
+    gcd_node *nd = record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
     nd->saved = prob;
     nd->labels = lab;
     nd->mode = cols;
@@ -310,7 +319,7 @@ static const double *wrong(gcd_ctx *c, const gcd_node *nd, const double *dout) {
 }
 #endif
 
-void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
+static void op_backward(gcd_ctx *c, gcd_node *nd) {
     gcd_tensor *out = nd->out, **in = nd->in;
     const double *dout = out->grad;
 #ifdef GCD_TEST_WRONG_OP
@@ -379,9 +388,6 @@ void gcd_op_backward(gcd_ctx *c, gcd_node *nd) {
     case GCD_OP_CROSS_ENTROPY:
         (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, nd->labels,
                                                                           in[0]->shape[0], in[0]->shape[1]);
-        break;
-    case GCD_OP_GATHER:
-        gcd_gather_backward(c, nd);
         break;
     default:
         GCD_FATAL("backward: no rule for op %s", gcd_op_name(nd->op));

@@ -1,6 +1,5 @@
 #include "autograd.h"
 
-#include "ops.h"
 
 static const char *op_names[GCD_OP_COUNT] = {
     "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "normalize",
@@ -14,6 +13,7 @@ gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor
     for (int i = 0; i < nin; i++) any |= in[i] && in[i]->requires_grad;
     gcd_node *nd = gcd_arena_alloc(c->arena, sizeof *nd);
     nd->op = op;
+    nd->backward = NULL;   // the op sets it
     nd->cut = op == GCD_OP_DETACH ? GCD_CUT_DETACH : !c->grad_enabled ? GCD_CUT_NO_GRAD : !any ? GCD_CUT_NO_INPUT : GCD_CUT_NONE;
     nd->out = out;
     nd->nin = nin;
@@ -34,7 +34,8 @@ void gcd_backward_from(gcd_ctx *c, gcd_tensor *out) {
         // a collective's backward runs on every rank even where nothing reached it, or ranks would
         // wait on each other forever; gather.c keeps the input's gradient None in that case
         if (!nd->out->grad && nd->op != GCD_OP_GATHER) continue;
-        gcd_op_backward(c, nd);
+        if (!nd->backward) GCD_FATAL("backward: no rule for op %s", gcd_op_name(nd->op));
+        nd->backward(c, nd);
     }
 }
 

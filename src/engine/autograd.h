@@ -2,8 +2,8 @@
  * autograd: the tape and reverse-mode backward. Every op records one node (its inputs, its output, what
  * it saved). A node recorded with grad disabled, from inputs that require no grad, or by detach() is
  * "detached": it is part of the forward graph (path.c reads it) but has no backward, so its output
- * carries no graph. Backward walks the tape newest first, skips detached nodes, and dispatches on the
- * op in one switch. A tensor backward never reaches keeps grad == NULL (None).
+ * carries no graph. Backward walks the tape newest first, skips detached nodes, and calls each node's
+ * backward (set by the op that recorded it: ops.c, gather.c). A tensor backward never reaches keeps grad == NULL (None).
  */
 #pragma once
 #include "tensor.h"
@@ -24,9 +24,12 @@ typedef enum {
 } gcd_cut;
 
 struct gcd_comm;
+struct gcd_node;
+typedef void (*gcd_backward_fn)(gcd_ctx *c, struct gcd_node *nd);
 
 typedef struct gcd_node {
     gcd_op op;
+    gcd_backward_fn backward;  // accumulates the inputs' gradients from out's
     struct gcd_node *prev;     // the node recorded before this one
     int id;                    // its place on the tape, from 0 (oldest)
     gcd_cut cut;               // GCD_CUT_NONE, or why the node is detached (never differentiated)

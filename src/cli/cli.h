@@ -1,0 +1,56 @@
+/*
+ * cli: gradcheck-dist's entry point. `run` parses and checks every argument first (exit 2 before any
+ * rank starts), then either launches itself under mpirun -np N (launch.c) or, inside an MPI job, runs
+ * as one rank (rank.c): every probe under every gather mode, the table and verdicts on rank 0, the JSON
+ * report. `check` diagnoses the user's own dumps and `report FILE` renders a saved report (commands.c).
+ */
+#pragma once
+#include <stddef.h>
+
+#include "check.h"
+#include "comm.h"
+#include "expect.h"
+#include "ops.h"
+#include "report.h"
+#include "run.h"
+#include "sha256.h"
+#include "verdict.h"
+
+#ifndef GCD_VERSION
+#define GCD_VERSION "0.0.0"
+#endif
+
+typedef struct {
+    int world;                       // 0: not given
+    const char *probe;               // "all" or a probe's name
+    int mode[GCD_GATHER_COUNT], nmode, mode_given;
+    gcd_probe_cfg cfg;
+    int steps;
+    double lr;
+    const char *hostfile, *json, *backend, *junit;
+    int no_json, summary_only, full;
+    double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
+} options;
+
+extern const char *command;   // "run ", "check ", "report ": where the usage is
+
+// main.c
+int help(FILE *f, const char *cmd);
+// options.c
+int bad(const char *flag, const char *fmt, const char *value);
+int unknown(const char *what, const char *word, const char *const *known);
+int parse_int(const char *flag, const char *v, long lo, long hi, long *out);
+int report_path_ok(const char *flag, const char *path);
+int junit_path_ok(const char *junit, const char *json);
+int parse_run(int argc, char **argv, options *o);
+// launch.c
+int launch(const options *o, int argc, char **argv);
+// rank.c
+int run_rank(const options *o, int argc, char **argv);
+double now(void);
+// output.c
+int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds);
+int default_report_path(char *path, size_t len);
+// commands.c
+int check_main(int argc, char **argv);
+int report_main(int argc, char **argv);

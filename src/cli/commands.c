@@ -1,0 +1,143 @@
+// `check DUMP... [--ref REF]`, the user's own gradients, and `report FILE`, a saved report rendered.
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+// ----------------------------------------------------------------------------
+// check DUMP... [--ref REF]: the user's own gradients
+
+int check_main(int argc, char **argv) {
+    const char **dumps = gcd_malloc((size_t)argc * sizeof *dumps), **ignore = gcd_malloc((size_t)argc * sizeof *ignore);
+    gcd_check_opts o = { .dumps = dumps, .ignore = ignore };
+    const char *json = NULL, *junit = NULL;
+    int no_json = 0, rc = 0;
+    for (int i = 2; i < argc && !rc; i++) {
+        char flag[64];
+        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
+        if (a[0] != '-' || !a[1]) { dumps[o.ndumps++] = a; continue; }
+        snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        int takes = !strcmp(flag, "--ref") || !strcmp(flag, "--ignore") || !strcmp(flag, "--tol") || !strcmp(flag, "--json") || !strcmp(flag, "--junit");
+        if (takes) {
+            if (eq) v = eq + 1;
+            else if (i + 1 < argc) v = argv[++i];
+            else { rc = bad(flag, "%s", "missing value"); break; }
+            if (!*v) { rc = bad(flag, "%s", "empty value"); break; }
+            if (!eq && !strncmp(v, "--", 2)) { rc = bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v); break; }
+        } else if (eq) { rc = bad(flag, "%s", "takes no value"); break; }
+        if (!strcmp(flag, "--ref")) o.ref = v;
+        else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
+        else if (!strcmp(flag, "--json")) json = v;
+        else if (!strcmp(flag, "--junit")) junit = v;
+        else if (!strcmp(flag, "--no-json")) no_json = 1;
+        else if (!strcmp(flag, "--snippet")) {
+            int ok = fputs(gcd_check_snippet, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
+            free(dumps), free(ignore);
+            if (!ok) fprintf(stderr, "gradcheck-dist: check --snippet: writing to stdout: %s\n", strerror(errno ? errno : EIO));
+            return ok ? 0 : 3;
+        }
+        else if (!strcmp(flag, "--tol")) {
+            char *end;
+            o.tol = strtod(v, &end);
+            if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(flag, "expected a number between 0 and 1, got '%s'", v);
+        } else {
+            static const char *const known[] = { "--ref", "--ignore", "--tol", "--json", "--no-json", "--junit", "--snippet", "--help", NULL };
+            rc = unknown("unknown option", flag, known);
+        }
+    }
+    if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
+    if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
+    if (!rc && !no_json) rc = report_path_ok("--json", json);
+    if (!rc && junit) rc = junit_path_ok(junit, json);
+    o.no_hash = no_json;   // the sha256 of each dump goes into the report; without one, no hashing
+    if (rc) { free(dumps), free(ignore); return rc; }
+
+    double t0 = now();
+    char err[2048];
+    gcd_check_set set;
+    gcd_run_result res = { 0 };
+    rc = gcd_check_load(&o, &set, err, sizeof err);
+    if (!rc) rc = gcd_check_scan(&o, &set, &res, err, sizeof err);
+    res.seconds = now() - t0;
+    if (rc) {
+        fprintf(stderr, "gradcheck-dist: check: %s\n", err);
+        gcd_run_result_free(&res);
+        gcd_check_free(&set);
+        free(dumps), free(ignore);
+        return rc;
+    }
+    gcd_env env = { .backend = "dumps", .world = set.world };
+    time_t t = time(NULL);
+    strftime(env.start_time, sizeof env.start_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    cJSON *doc = gcd_report_new(argc, argv, &env);
+    gcd_report_add_check(doc, &set, &res);
+    int code = gcd_run_has_finding(&res);
+    const char *first = "";
+    for (int i = 0; i < res.nfinding; i++)
+        if (res.finding[i].counts) { first = res.finding[i].message; break; }
+    gcd_sb msg = { 0 };
+    gcd_sb_printf(&msg, "check stage %s (under test): %s", set.stage, code ? first : "no finding");
+    gcd_report_add_expectation(doc, "check", set.stage, "test", !code, msg.s);
+    gcd_sb_free(&msg);
+
+    char path[PATH_MAX] = "", xml[PATH_MAX] = "";
+    if (json) snprintf(path, sizeof path, "%s", json);
+    if (junit) snprintf(xml, sizeof xml, "%s", junit);
+    int reserved = !json && !no_json && default_report_path(path, sizeof path);
+    gcd_report_finish(doc, code, NULL, 0, now() - t0);
+    code = write_reports(doc, path, reserved, xml, code, now() - t0);
+    FILE *out = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) ? stderr : stdout;
+    char *text = gcd_render_text_width(doc, gcd_text_width(fileno(out)));
+    fputs(text, out);
+    free(text);
+    if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
+    if (xml[0] && strcmp(xml, "-")) fprintf(out, "junit: %s\n", xml);
+    if (fflush(out) || ferror(out)) code = 3;
+    cJSON_Delete(doc);
+    gcd_run_result_free(&res);
+    gcd_check_free(&set);
+    free(dumps), free(ignore);
+    return code;
+}
+
+// ----------------------------------------------------------------------------
+// report FILE
+
+int report_main(int argc, char **argv) {
+    const char *file = NULL, *format = "text";
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--format") || !strncmp(argv[i], "--format=", 9)) {
+            format = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!format) return bad("--format", "%s", "missing value");
+            if (strcmp(format, "text") && strcmp(format, "md") && strcmp(format, "junit"))
+                return bad("--format", "expected text, md or junit, got '%s'", format);
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            static const char *const known[] = { "--format", "--help", NULL };
+            return unknown("unknown option", argv[i], known);
+        }
+        else if (file) return bad("report", "one FILE only, got a second: '%s'", argv[i]);
+        else file = argv[i];
+    }
+    if (!file) return bad("report", "%s", "missing FILE (a gradcheck-dist JSON report)");
+    char err[1024];
+    cJSON *doc = gcd_report_load(file, err, sizeof err);
+    if (!doc) return fprintf(stderr, "gradcheck-dist: report: %s\n", err), 2;
+    char *text = !strcmp(format, "md") ? gcd_render_md(doc) : !strcmp(format, "junit") ? gcd_render_junit(doc) : gcd_render_text(doc);
+    int ok = fputs(text, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
+    free(text);
+    cJSON_Delete(doc);
+    if (!ok) fprintf(stderr, "gradcheck-dist: report: writing to stdout: %s\n", strerror(errno ? errno : EIO));
+    return ok ? 0 : 3;
+}

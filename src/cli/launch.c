@@ -1,0 +1,383 @@
+// The launcher: not inside an MPI job yet, so start mpirun -np N on this same program, supervise it, and
+// take the verdict rank 0 leaves.
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+extern char **environ;
+
+static int nccl_precheck(const options *o, int world) {
+    char why[256];
+    if (!gcd_nccl_built())
+        return bad("--backend", "%s", "nccl: not built: configure found no CUDA Toolkit with NCCL; use --backend mpi");
+    int n = gcd_cuda_device_count(why, sizeof why);
+    if (n < 0) return bad("--backend", "nccl: %s; use --backend mpi", why);
+    if (!o->hostfile && world > n) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "nccl needs one GPU per rank: --world %d on a machine with %d; use --world %d or --backend mpi", world, n, n);
+        return bad("--backend", "%s", msg);
+    }
+    return 0;
+}
+
+// Physical cores: Open MPI counts its default slots by cores, not hardware threads.
+static long physical_cores(void) {
+    long n = 0, cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    char seen[4096] = { 0 };
+    for (long c = 0; c < cpus && c < 4096; c++) {
+        char path[128];
+        int core = -1, pkg = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/core_id", c);
+        FILE *f = fopen(path, "r");
+        if (!f || fscanf(f, "%d", &core) != 1) core = -1;
+        if (f) fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/physical_package_id", c);
+        if ((f = fopen(path, "r"))) {
+            if (fscanf(f, "%d", &pkg) != 1) pkg = 0;
+            fclose(f);
+        }
+        if (core < 0) return cpus;   // no topology: count what runs
+        int id = (pkg * 1024 + core) % 4096;
+        n += !seen[id];
+        seen[id] = 1;
+    }
+    return n > 0 ? n : cpus;
+}
+
+// bytes a run needs at most, roughly: every rank's pass on this machine (its features, the gathered
+// copies, the N x N logits and their gradients, N = world x batch) and rank 0's single-process reference
+static double run_bytes(const options *o, int world) {
+    double per_process = 64e6;   // MPI, the program, its arenas' first chunks
+    if (!strcmp(o->probe, "simplenet")) return world * per_process;
+    double N = (double)o->cfg.batch * world, E = o->cfg.dim_emb, D = (double)o->cfg.dim_img + o->cfg.dim_txt;
+    double pass = 8 * (12 * N * N + 10 * N * (D + E) + 4 * E * D);
+    return world * (pass + per_process) + 1.5 * pass;
+}
+
+static double mem_available(void) {   // bytes, from /proc/meminfo; 0 when unknown
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+// Work that cannot be done is refused before any rank starts: more ranks than this machine can start
+// (32 a physical core, without a hostfile), more memory than it has available.
+static int feasible(const options *o, int world) {
+    long cap = 32 * physical_cores();
+    char msg[256];
+    if (!o->hostfile && world > cap) {
+        snprintf(msg, sizeof msg, "%d ranks are more than this machine can start (%ld: 32 a core); give --hostfile for more hosts", world, cap);
+        return bad("--world", "%s", msg);
+    }
+    double need = run_bytes(o, world), have = mem_available();
+    if (have > 0 && need > have) {
+        snprintf(msg, sizeof msg, "this run needs about %.3g GB (%d ranks, batch %d) and the machine has %.3g GB available: lower --batch, the dims or --world",
+                 need / 1e9, world, o->cfg.batch, have / 1e9);
+        return bad("--batch", "%s", msg);
+    }
+    return 0;
+}
+
+// The launcher passes SIGINT, SIGTERM and SIGHUP on to mpirun (which ends the ranks) and waits for it;
+// mpirun gets SIGTERM too when the launcher dies by SIGKILL (PR_SET_PDEATHSIG). It first leaves a file
+// "interrupted" in its private directory: rank 0, ended by mpirun, then leaves no report; without it
+// (another rank died) rank 0 writes its error report.
+static volatile sig_atomic_t mpirun_pid, caught;
+static char interrupted[PATH_MAX + 32];
+static void forward_signal(int sig) {
+    caught = sig;
+    int fd = open(interrupted, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    if (mpirun_pid > 0) kill((pid_t)mpirun_pid, sig);
+}
+
+static char *read_small(const char *path, char *buf, size_t len) {   // NULL when absent or empty
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    return n ? buf : NULL;
+}
+
+// mpirun's stderr passes through the launcher, byte for byte, so that a rank's death can be named:
+// "mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed)." (Open MPI
+// 4.1 says PID 0: the pid comes from the list rank 0 left, "rank pid host" a line)
+typedef struct {
+    char line[1024];
+    size_t n;
+    int rank, sig;
+    char host[256];
+} mpirun_log;
+
+static void scan_line(mpirun_log *m) {
+    int rank, pid, sig;
+    char host[256];
+    const char *at = strstr(m->line, "mpirun noticed that process rank ");
+    if (m->sig || !at) return;
+    if (sscanf(at, "mpirun noticed that process rank %d with PID %d on node %255s exited on signal %d", &rank, &pid, host, &sig) == 4)
+        m->rank = rank, m->sig = sig, snprintf(m->host, sizeof m->host, "%s", host);
+}
+
+// Until EOF, or mpirun reaped and the pipe quiet for 0.2 s (a stray holder of the pipe must not hang
+// the launcher). Sets *status and returns 1 when it reaped mpirun.
+static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
+    char buf[4096];
+    int reaped = 0;
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int r = poll(&p, 1, 200);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) {
+            if (reaped) return 1;
+            reaped = waitpid(pid, status, WNOHANG) == pid;
+            if (reaped) mpirun_pid = 0;   // its pid may be reused: forward no signal to it
+            continue;
+        }
+        ssize_t k = read(fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return reaped;
+        for (ssize_t off = 0; off < k;) {
+            ssize_t w = write(2, buf + off, (size_t)(k - off));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;   // our stderr is gone: keep reading, so that mpirun never blocks on the pipe
+            off += w;
+        }
+        for (ssize_t i = 0; i < k; i++) {
+            if (buf[i] == '\n' || m->n + 1 >= sizeof m->line) {
+                m->line[m->n] = 0;
+                scan_line(m);
+                m->n = 0;
+            } else m->line[m->n++] = buf[i];
+        }
+    }
+}
+
+// Rank 0 reserved a default report name and was killed before it wrote there: the empty file goes
+// (whole or absent). Only a default name: an empty file at a --json path was the user's.
+static void drop_empty_default(const char *dir) {
+    char path[PATH_MAX + 32], report[PATH_MAX] = "";
+    struct stat st;
+    snprintf(path, sizeof path, "%s/report", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(report, sizeof report, f) && lstat(report, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) unlink(report);
+    fclose(f);
+}
+
+// After a rank's death: name it, and put its name into the error report rank 0 left ("ended by signal")
+static void name_the_dead(const mpirun_log *m, const char *dir, const char *junit) {
+    char path[PATH_MAX + 32], list[65536], report[PATH_MAX], msg[1024];
+    long pid = 0;
+    snprintf(path, sizeof path, "%s/ranks", dir);
+    if (read_small(path, list, sizeof list))
+        for (char *save = NULL, *l = strtok_r(list, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+            int r;
+            long p;
+            char host[256];
+            if (sscanf(l, "%d %ld %255s", &r, &p, host) == 3 && r == m->rank) pid = p;
+        }
+    char who[64] = "pid unknown";
+    if (pid > 0) snprintf(who, sizeof who, "pid %ld", pid);
+    snprintf(msg, sizeof msg, "rank %d (%s on %s) was killed by signal %d (%s)", m->rank, who, m->host, m->sig, strsignal(m->sig));
+    fprintf(stderr, "gradcheck-dist: %s\n", msg);
+    snprintf(path, sizeof path, "%s/report", dir);
+    if (!read_small(path, report, sizeof report)) return;
+    char err[512];
+    cJSON *doc = gcd_report_load(report, err, sizeof err);
+    const cJSON *e = doc ? cJSON_GetObjectItem(doc, "error") : NULL, *em = cJSON_GetObjectItem(e, "message");
+    if (cJSON_IsString(em) && strstr(em->valuestring, "ended by signal")) {
+        char full[2048];
+        snprintf(full, sizeof full, "%s; rank 0 then: %s", msg, em->valuestring);
+        const cJSON *env = cJSON_GetObjectItem(doc, "environment");
+        gcd_report_finish(doc, 3, full, m->rank, gcd_json_num(cJSON_GetObjectItem(env, "wall_seconds")));
+        if (gcd_report_write(doc, report, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        else fprintf(stderr, "gradcheck-dist: the error report, %s, names rank %d\n", report, m->rank);
+        char *xml = junit ? gcd_render_junit(doc) : NULL;   // and the JUnit file rank 0 wrote from it
+        if (xml && gcd_text_write(xml, "--junit", junit, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        free(xml);
+    }
+    cJSON_Delete(doc);
+}
+
+// The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
+// status: mpirun exiting with 1 because a launch failed is not a gradient finding.
+// Without --hostfile mpirun stays on this node, unless a resource manager's allocation gives it others
+// (Open MPI reads Slurm's, SGE's, PBS's and LSF's, and a default hostfile)
+static int one_node(const options *o) {
+    static const char *const others[] = { "PE_HOSTFILE", "PBS_NODEFILE", "LSB_HOSTS", "LSB_MCPU_HOSTS", "OMPI_MCA_orte_default_hostfile", NULL };
+    const char *slurm = getenv("SLURM_JOB_NUM_NODES");
+    if (o->hostfile || (getenv("SLURM_JOB_ID") && !(slurm && !strcmp(slurm, "1")))) return 0;
+    for (int i = 0; others[i]; i++)
+        if (getenv(others[i]) && *getenv(others[i])) return 0;
+    return 1;
+}
+
+int launch(const options *o, int argc, char **argv) {
+    int world = o->world ? o->world : 2;
+    int rc = feasible(o, world);
+    if (rc) return rc;
+    if (!strcmp(o->backend, "nccl") && (rc = nccl_precheck(o, world))) return rc;
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
+    exe[k] = 0;
+    const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char dir[PATH_MAX], result[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/gradcheck-dist.XXXXXX", tmpdir);
+    if (!mkdtemp(dir)) return fprintf(stderr, "gradcheck-dist: mkdtemp %s: %s\n", dir, strerror(errno)), 3;
+    snprintf(result, sizeof result, "%s/result", dir);
+    snprintf(interrupted, sizeof interrupted, "%s/interrupted", dir);
+    setenv("GCD_RESULT_FILE", result, 1);
+    char me[24];
+    snprintf(me, sizeof me, "%ld", (long)getpid());
+    setenv("GCD_LAUNCHER_PID", me, 1);
+    // the ranks' stdout and stderr are pipes: rank 0 learns the table's width and whether stderr is a terminal here
+    char columns[16];
+    snprintf(columns, sizeof columns, "%d", gcd_text_width((o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? 2 : 1));
+    setenv("GCD_COLUMNS", columns, 1);
+    setenv("GCD_PROGRESS", isatty(2) ? "tty" : "lines", 0);
+    int err_pipe[2];
+    if (pipe(err_pipe) || fcntl(err_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(err_pipe[1], F_SETFD, FD_CLOEXEC)) return fprintf(stderr, "gradcheck-dist: pipe: %s\n", strerror(errno)), rmdir(dir), 3;
+    // BLAS threads, set before OpenBLAS starts in the ranks (unless the user chose): this machine's cores
+    // shared out, one a rank when the ranks fill them, more when they do not; each rank is then bound to
+    // that many cores (Open MPI binds a rank to one core by default, where its threads would share it)
+    long threads = physical_cores() / world;
+    if (getenv("OPENBLAS_NUM_THREADS")) threads = atol(getenv("OPENBLAS_NUM_THREADS"));
+    else {
+        char nt[24];
+        snprintf(nt, sizeof nt, "%ld", threads > 1 ? threads : 1);
+        setenv("OPENBLAS_NUM_THREADS", nt, 1);
+    }
+    char pe[32];
+    snprintf(pe, sizeof pe, "slot:PE=%ld", threads);
+    char np[16];
+    snprintf(np, sizeof np, "%d", world);
+    int nenv = 0;
+    for (char **e = environ; *e; e++) nenv++;
+    char **av = calloc((size_t)argc + 2 * (size_t)nenv + 32, sizeof *av);   // 20 fixed at most
+    mallocCheck(av);
+    int n = 0;
+    av[n++] = "mpirun";
+    av[n++] = "-np";
+    av[n++] = np;
+    if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
+    if (geteuid() == 0) av[n++] = "--allow-run-as-root";
+    // when a rank dies, mpirun ends the others with SIGTERM, then SIGKILL after this many seconds (1 by
+    // default; mpirun waits it out whole, twice): time for rank 0 to write its error report (an fsync)
+    av[n++] = "--mca", av[n++] = "odls_base_sigkill_timeout", av[n++] = "3";
+    if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
+    // One node: start what a one-node job uses, and nothing else (measured in tests/bench/bench.sh).
+    // - the ob1 PML straight away: the default (cm) loads the psm/psm2 libraries first, whose
+    //   constructors sleep ~0.2 s, then settles on ob1 anyway;
+    // - the shared-memory and self BTLs: the TCP BTL opens listening sockets on every interface;
+    // - libnbc's recursive-doubling all-gather (log2(world) rounds; its default sends world-1 messages
+    //   from every rank; Open MPI keeps the linear one where world is not a power of two);
+    // - hwloc without I/O discovery (PCI config space read through /sys, its libxml2, OpenCL and X11
+    //   plugins loaded): Open MPI binds ranks to cores, which this topology still has.
+    // Whatever the user set, or several hosts (UCX, InfiniBand), keeps Open MPI's choice.
+    if (one_node(o)) {
+        static const char *const mca[][2] = { { "pml", "ob1" }, { "btl", "self,vader" }, { "coll_libnbc_iallgather_algorithm", "2" } };
+        for (size_t i = 0; i < sizeof mca / sizeof *mca; i++) {
+            char var[64];
+            snprintf(var, sizeof var, "OMPI_MCA_%s", mca[i][0]);
+            if (!(getenv(var) && *getenv(var))) av[n++] = "--mca", av[n++] = (char *)mca[i][0], av[n++] = (char *)mca[i][1];
+        }
+        setenv("HWLOC_COMPONENTS", "-linuxio", 0);
+        setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml", 0);
+    }
+    if (!o->hostfile && threads > 1 && threads * world <= physical_cores()) av[n++] = "--map-by", av[n++] = pe;
+    // Open MPI starts ranks on other nodes without this environment: forward every GCD_, NCCL_ and
+    // OPENBLAS_ variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
+    int first_x = n;
+    for (char **e = environ; *e; e++)
+        if (!strncmp(*e, "GCD_", 4) || !strncmp(*e, "NCCL_", 5) || !strncmp(*e, "OPENBLAS_", 9)) {
+            av[n++] = "-x";
+            mallocCheck(av[n++] = strndup(*e, strcspn(*e, "=")));
+        }
+    int last_x = n;
+    av[n++] = exe;
+    for (int i = 1; i < argc; i++) av[n++] = argv[i];
+    fflush(NULL);
+    struct sigaction sa = { .sa_handler = forward_signal }, old[3];
+    sigemptyset(&sa.sa_mask);
+    static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
+    for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
+    signal(SIGPIPE, SIG_IGN);   // a closed stderr is EPIPE to forward_stderr, not the launcher's death
+    pid_t parent = getpid(), pid = fork();
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
+    if (pid == 0) {
+        for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
+        signal(SIGPIPE, SIG_DFL);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(3);   // the launcher died before the line above
+        int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
+        if (null >= 0) dup2(null, 0), close(null);
+        dup2(err_pipe[1], 2);
+        execvp(av[0], av);
+        fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
+        _exit(127);
+    }
+    for (int i = first_x + 1; i < last_x; i += 2) free(av[i]);
+    free(av);
+    mpirun_pid = pid;
+    if (caught) kill(pid, caught);   // a signal between fork and here
+    close(err_pipe[1]);
+    int status;
+    mpirun_log log = { .n = 0 };
+    int reaped = forward_stderr(err_pipe[0], &log, pid, &status);
+    close(err_pipe[0]);
+    while (!reaped && waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
+    mpirun_pid = 0;
+    if (log.n) log.line[log.n] = 0, scan_line(&log);   // a last line without its newline
+    int code = -1;
+    FILE *f = fopen(result, "r");
+    if (f) {
+        if (fscanf(f, "%d", &code) != 1 || code < 0 || code > 3) code = -1;
+        fclose(f);
+        unlink(result);
+    }
+    if (!caught && code < 0 && log.sig) name_the_dead(&log, dir, o->junit && strcmp(o->junit, "-") ? o->junit : NULL);
+    if (code < 0 && !o->json && !o->no_json) drop_empty_default(dir);
+    static const char *const left[] = { "ranks", "report", "interrupted" };
+    for (int i = 0; i < 3; i++) {
+        char f[PATH_MAX + 32];
+        snprintf(f, sizeof f, "%s/%s", dir, left[i]);
+        unlink(f);
+    }
+    rmdir(dir);
+    if (caught) {
+        fprintf(stderr, "gradcheck-dist: interrupted by signal %d: mpirun and the ranks were ended, no verdict and no report\n", (int)caught);
+        return 3;
+    }
+    char how[64];
+    if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
+    else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && code < 0) return 3;   // mpirun itself could not start: said above
+    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return code;
+    if (code >= 0) {
+        fprintf(stderr, "gradcheck-dist: rank 0 gave exit %d, but the MPI job then failed (%s)\n", code, how);
+        return 3;
+    }
+    fprintf(stderr, "gradcheck-dist: the MPI job ended before rank 0 gave its verdict (%s)%s\n", how,
+            o->hostfile ? "; with --hostfile, rank 0 must run on this host (list it first) and the hosts must give --world slots"
+                        : "; mpirun's message above says why");
+    return 3;
+}
