@@ -309,26 +309,35 @@ static void blas_should_propagate_nan(void) {
 }
 
 // column-wise cross-entropy equals the row-wise one of the transpose, bit for bit (the contrastive
-// probe's text side, and with it the reports, unchanged)
+// probe's text side, and with it the reports, unchanged); and the gradient recomputed from the saved
+// max and sum has the bits of the stored softmax's (exp(z - max) / sum, then k (p - onehot))
 static void cross_entropy_cols_should_equal_transposed_rows(void) {
     enum { N = 6, C = 9 };
     gcd_rng r = gcd_rng_make(5, 3);
-    double z[N * C], zt[C * N], prob[N * C], probt[C * N], work[2 * C], out, outt, dz[N * C] = { 0 }, dzt[C * N] = { 0 };
+    double z[N * C], zt[C * N], lse[2 * C], lset[2 * C], out, outt, dz[N * C] = { 0 }, dzt[C * N] = { 0 };
     int label[C];
     for (int i = 0; i < N * C; i++) z[i] = 3 * gcd_rng_normal(&r);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) zt[c * N + n] = z[n * C + c];
     for (int c = 0; c < C; c++) label[c] = (c * 5) % N;
-    cross_entropy_cols_forward(&out, prob, work, z, label, N, C);
-    cross_entropy_forward(&outt, probt, zt, label, C, N);
+    cross_entropy_cols_forward(&out, lse, z, label, N, C);
+    cross_entropy_forward(&outt, lset, zt, label, C, N);
     CHECK(out == outt, "cross_entropy_cols: loss %.17g, rows of the transpose %.17g", out, outt);
     double dout = 0.7;
-    cross_entropy_cols_backward(dz, &dout, prob, label, N, C);
-    cross_entropy_backward(dzt, &dout, probt, label, C, N);
-    int differ = 0;
+    cross_entropy_cols_backward(dz, &dout, lse, z, label, N, C);
+    cross_entropy_backward(dzt, &dout, lset, zt, label, C, N);
+    int differ = 0, unlike = 0;
+    for (int c = 0; c < C; c++) differ += lse[c] != lset[2 * c] || lse[C + c] != lset[2 * c + 1];
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) differ += prob[n * C + c] != probt[c * N + n] || dz[n * C + c] != dzt[c * N + n];
-    CHECK(differ == 0, "cross_entropy_cols: %d softmax or gradient values differ from the transpose's", differ);
+        for (int c = 0; c < C; c++) differ += dz[n * C + c] != dzt[c * N + n];
+    CHECK(differ == 0, "cross_entropy_cols: %d max, sum or gradient values differ from the transpose's", differ);
+    for (int c = 0; c < C; c++) {   // the softmax as the forward computed it once, stored
+        double mx = zt[c * N], s = 0, p[N];
+        for (int n = 1; n < N; n++) mx = zt[c * N + n] > mx ? zt[c * N + n] : mx;
+        for (int n = 0; n < N; n++) s += p[n] = exp(zt[c * N + n] - mx);
+        for (int n = 0; n < N; n++) unlike += dzt[c * N + n] != (dout / C) * (p[n] / s - (n == label[c]));
+    }
+    CHECK(unlike == 0, "cross_entropy: %d gradient values differ from a stored softmax's", unlike);
 }
 
 // ----------------------------------------------------------------------------

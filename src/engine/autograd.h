@@ -36,7 +36,7 @@ typedef struct gcd_node {
     gcd_tensor *out;
     gcd_tensor **in;           // (nin); an input may be NULL (linear without bias, mse against zero)
     int nin;
-    double *saved;             // op-specific: row norms, softmax; gather: what its backward returned (n+1, gather.c)
+    double *saved;             // op-specific: row norms, cross-entropy max and sum; gather: what its backward returned (n+1, gather.c)
     const int *labels;         // cross-entropy targets
     struct gcd_comm *comm;     // gather: the communicator
     int mode;                  // gather: the gradient mode; cross_entropy: 1 over columns
