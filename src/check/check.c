@@ -1,3 +1,4 @@
+#define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
 #include "check.h"
 
 #include <cjson/cJSON.h>
@@ -6,6 +7,8 @@
 #include <fnmatch.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,12 +315,36 @@ void gcd_check_free(gcd_check_set *set) {
 }
 
 // ----------------------------------------------------------------------------
-// sha256 of every file, on a second thread while the first one scans
+// sha256 of every file while the main thread scans. A digest is sequential within a file, so a pool of
+// threads takes one file at a time each: as many threads as the CPUs this process may run on, at most
+// one per file (4 ranks + a reference hash at once on 5 cores; on 1 CPU, one thread as before).
 
 typedef struct {
     gcd_check_set *set;
+    atomic_int next;       // the next file to take: 0..world, the reference last
+    atomic_int failed;     // set with err: the other threads stop before their next file
+    pthread_mutex_t mu;    // err's one writer
     char err[512];
 } hash_job;
+
+static void hash_failed(hash_job *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void hash_failed(hash_job *h, const char *fmt, ...) {
+    pthread_mutex_lock(&h->mu);
+    if (!h->err[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(h->err, sizeof h->err, fmt, ap);
+        va_end(ap);
+    }
+    atomic_store(&h->failed, 1);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int hash_threads(int files) {
+    cpu_set_t cpus;
+    int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    return n < files ? (n > 1 ? n : 1) : files;
+}
 
 static void *hash_files(void *arg) {
     hash_job *h = arg;
@@ -329,25 +356,27 @@ static void *hash_files(void *arg) {
     gcd_st_guard_install();
     gcd_st_jmp = &jb;   // this thread's own guard: a mapped file that shrinks while it is hashed
     if (sigsetjmp(jb, 1)) {
-        snprintf(h->err, sizeof h->err, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
+        hash_failed(h, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
         goto out;
     }
-    for (int k = 0; k <= set->world && !h->err[0]; k++) {
+    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) <= set->world;) {
         f = file_of(set, k);
         if (!f) { set->sha256[k][0] = 0; continue; }
         gcd_sha256 s;
         gcd_sha256_init(&s);
-        for (uint64_t at = 0, piece = 64u << 20; f->map && at < f->size; at += piece) {   // from the mapping: no copy
-            size_t k = f->size - at < piece ? (size_t)(f->size - at) : (size_t)piece;
-            gcd_sha256_update(&s, f->map + at, k);
-            madvise((void *)(f->map + at), k, MADV_DONTNEED);   // and out of the resident set again (piece: page-aligned)
+        // from the mapping, no copy, and out of the resident set again piece by piece (16 MiB: page-aligned;
+        // every hashing thread holds at most one piece)
+        for (uint64_t at = 0, piece = 16u << 20; f->map && at < f->size; at += piece) {
+            size_t n = f->size - at < piece ? (size_t)(f->size - at) : (size_t)piece;
+            gcd_sha256_update(&s, f->map + at, n);
+            madvise((void *)(f->map + at), n, MADV_DONTNEED);
         }
         for (uint64_t at = 0; !f->map && at < f->size;) {
             ssize_t got = pread(f->fd, buf, cap, (off_t)at);
             if (got < 0 && errno == EINTR) continue;
             if (got <= 0) {
-                snprintf(h->err, sizeof h->err, "%s: %s while hashing it", f->path, got < 0 ? strerror(errno) : "the file shrank");
-                break;
+                hash_failed(h, "%s: %s while hashing it", f->path, got < 0 ? strerror(errno) : "the file shrank");
+                goto out;
             }
             gcd_sha256_update(&s, buf, (size_t)got);
             at += (uint64_t)got;
@@ -553,9 +582,10 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
 
-    hash_job h = { .set = set };
-    pthread_t thread;
-    int threaded = !o->no_hash && pthread_create(&thread, NULL, hash_files, &h) == 0;
+    hash_job h = { .set = set, .mu = PTHREAD_MUTEX_INITIALIZER };
+    int nthreads = o->no_hash ? 0 : hash_threads(W + set->has_ref), threaded = 0;
+    pthread_t *threads = gcd_malloc((size_t)(nthreads ? nthreads : 1) * sizeof *threads);
+    while (threaded < nthreads && pthread_create(&threads[threaded], NULL, hash_files, &h) == 0) threaded++;
     if (!threaded && !o->no_hash) hash_files(&h);
 
     int rc = 0;
@@ -612,7 +642,8 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     set->bytes = total;
 done:
     gcd_st_jmp = NULL;
-    if (threaded) pthread_join(thread, NULL);
+    for (int i = 0; i < threaded; i++) pthread_join(threads[i], NULL);
+    free(threads);
     if (!rc && h.err[0]) rc = fail(err, len, "%s", h.err);
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;

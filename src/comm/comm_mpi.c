@@ -45,6 +45,11 @@ static volatile sig_atomic_t stop_signal;
 void gcd_mpi_stop(int sig) { stop_signal = sig; }
 void gcd_comm_set_context(const char *what) { snprintf(context, sizeof context, "%s", what ? what : ""); }
 
+// polls before the wait starts sleeping 50 us between them: 1000 (a few ms of spinning) when every rank
+// has a CPU; 10 when this node holds more ranks than CPUs, where a spinning rank takes the CPU from the
+// peer it waits for (world 32 on 2 cores)
+static long spin_polls = 1000;
+
 #define mpiWait(req, name) mpi_wait(&(req), name, __FILE__, __LINE__)
 static void mpi_wait(MPI_Request *req, const char *name, const char *file, int line) {
     double t0 = MPI_Wtime();
@@ -58,7 +63,7 @@ static void mpi_wait(MPI_Request *req, const char *name, const char *file, int l
         if (MPI_Wtime() - t0 > timeout_s)
             gcd_fatal_at(file, line, "%s: not complete after %g s%s%s: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)", name, timeout_s,
                          *context ? ", in " : "", context);
-        if (spins > 1000) nanosleep(&(struct timespec){ 0, 50000 }, NULL);   // past the first spins, poll every 50 us
+        if (spins > spin_polls) nanosleep(&(struct timespec){ 0, 50000 }, NULL);   // past the first spins, poll every 50 us
     }
 }
 
@@ -101,6 +106,8 @@ void gcd_mpi_init(int *argc, char ***argv) {
     alarm(0);
     sigaction(SIGALRM, &old, NULL);
     nodelay_loopback();
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (local && atol(local) > sysconf(_SC_NPROCESSORS_ONLN)) spin_polls = 10;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     gcd_fatal_setup(rank, abort_job, NULL);

@@ -13,6 +13,11 @@
    torch / gcd (> 1: gradcheck-dist is faster); the peak resident memory of the largest process of each
    (GNU time's %M: the child and every descendant it waited for); gcd's report size, written with the
    default options and with --summary-only (one run each, their wall time beside).
+3. check: tests/bench/check_bench.sh per binary, 4 ranks + ref of 256 MiB F32 (--quick: 64 MiB), page
+   cache warm: `check --no-json` and `check` with its report (a sha256 per file) vs numpy and memcpy.
+4. dump writers: tests/bench/bench_dump.py, gradcheck_dist.dump_grads vs safetensors.torch.save_file vs a
+   raw write, 4 x Linear(8192, 8192) float32 gradients (--quick: 2 x 4096), with GCD_BENCH_DUMP_PYTHON (a
+   venv with PyPI torch 2.x and safetensors), else the repository's .venv, else /usr/bin/python3.
 With OLD, every gcd column is repeated for it: before and after from the same run. Runs of one row are
 interleaved (hello, NEW, OLD, torch, then again) and medians taken, so a load that comes and goes hits
 all columns alike. Reps: --reps N for every row (default 5 for launch, 3 for contrastive; --quick 3, 1).
@@ -211,6 +216,27 @@ def main():
     for label, r in rows:
         cells = [f"{r[n][1]:.0f}" for n in gcds] + ([f"{r['torch'][1]:.0f}"] if torch_ok else [])
         print(f"{label:17}" + "".join(f" {c:>15}" for c in cells) + "".join(f" {r[n + ' json']:>20} {r[n + ' summary']:>20}" for n in gcds))
+
+    # ---- 3. check with and without its report vs memcpy
+    for n, g in gcds.items():
+        print(f"\ncheck ({n}): tests/bench/check_bench.sh", flush=True)
+        p = subprocess.run(["bash", os.path.join(HERE, "check_bench.sh"), g], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, GCD_BENCH_BYTES="64M" if a.quick else "256M", GCD_BENCH_DTYPES="F32"))
+        print("\n".join(ln for ln in p.stdout.strip().splitlines() if not ln.startswith("check_bench: F32: check exited 0")), flush=True)
+        if p.returncode:
+            failed.append(f"check_bench.sh {g}: exit {p.returncode}")
+
+    # ---- 4. the Python dump writer vs save_file vs a raw write
+    py = next((x for x in (os.environ.get("GCD_BENCH_DUMP_PYTHON"), os.path.join(HERE, "..", "..", ".venv", "bin", "python"), "/usr/bin/python3")
+               if x and os.access(x, os.X_OK)), None)
+    print("", flush=True)
+    p = subprocess.run([py, os.path.join(HERE, "bench_dump.py"), "--reps", "3",
+                        *(["--layers", "2", "--width", "4096"] if a.quick else [])],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(p.stdout.strip(), flush=True)
+    if p.returncode:
+        failed.append(f"bench_dump.py ({py}): exit {p.returncode}")
 
     print(f"\nload average {open('/proc/loadavg').read().split()[0]} (1 min) at end; this bench took {time.monotonic() - t_start:.0f} s")
     os.chdir("/")

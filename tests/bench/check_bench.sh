@@ -4,10 +4,11 @@
 # pass/fail, except that check must exit 0: the dumps hold identical ranks and an equal reference.
 # For each dtype (F32, BF16): write 4 ranks + ref of GCD_BENCH_BYTES each (default 1G), warm the
 # page cache, time check (the scan: --no-json; and with its report, which adds the sha256 of every
-# file on a second thread) and numpy_check.py (process wall time, best of GCD_BENCH_REPS, default 3),
+# file, hashed on a pool of threads while the scan runs) and numpy_check.py (process wall time, best of GCD_BENCH_REPS, default 3),
 # drop the files. GB/s is over the bytes of all the files read (4 ranks + ref).
 # usage: bash tests/bench/check_bench.sh [path/to/gradcheck-dist]
-#   env: GCD_BENCH_BYTES=256M (a quick run), GCD_BENCH_REPS=3, GCD_BENCH_TMP=/some/dir (temp parent)
+#   env: GCD_BENCH_BYTES=256M (a quick run), GCD_BENCH_REPS=3, GCD_BENCH_TMP=/some/dir (temp parent),
+#        GCD_BENCH_DTYPES="F32" (default "F32 BF16")
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 G=$(realpath -m "${1:-build/gradcheck-dist}")
@@ -46,7 +47,7 @@ best_of() {
 
 rows=()
 status=0
-for dtype in F32 BF16; do
+for dtype in ${GCD_BENCH_DTYPES:-F32 BF16}; do
     d="$tmp/$dtype"
     "$PY" "$here/write_dumps.py" "$d" --world "$WORLD" --bytes-per-rank "$BYTES" --dtype "$dtype" --stage reduced \
         || { echo "check_bench: write_dumps.py failed for $dtype" >&2; exit 3; }
