@@ -58,7 +58,7 @@ static void mpi_wait(MPI_Request *req, const char *name, const char *file, int l
         mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), name, file, line);
         if (done) return;
         if (stop_signal)   // gcd_mpi_stop: mpirun is ending the job, as another rank ended first
-            gcd_fatal_at(file, line, "%s: ended by signal %d%s%s: the job was being ended (another rank died?)", name, (int)stop_signal,
+            gcd_fatal_at(file, line, "%s: ended by signal %d%s%s: mpirun was ending the job", name, (int)stop_signal,
                          *context ? ", in " : "", context);
         if (MPI_Wtime() - t0 > timeout_s)
             gcd_fatal_at(file, line, "%s: not complete after %g s%s%s: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)", name, timeout_s,
@@ -69,12 +69,30 @@ static void mpi_wait(MPI_Request *req, const char *name, const char *file, int l
 
 int gcd_mpi_inside_job(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK"); }
 
-// MPI_Init waits for every rank: a peer stopped before it arrives would hang it, so it has the deadline too
-static void init_timeout(int sig) {
+// MPI_Init and MPI_Finalize wait for every rank: a peer stopped before it arrives would hang them, so
+// they have the deadline too (alarm: neither has a non-blocking form). The message is made beforehand,
+// as the handler may only write it.
+static char alarm_msg[256];
+static void alarm_timeout(int sig) {
     (void)sig;
-    static const char msg[] = "gradcheck-dist: MPI_Init: not complete within the timeout: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)\n";
-    if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+    if (write(2, alarm_msg, strlen(alarm_msg)) < 0) _exit(3);
     _exit(3);
+}
+
+static void alarm_arm(const char *call, struct sigaction *old) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");   // set by mpirun; before MPI_Init the only way to know
+    if (!rank) rank = getenv("PMIX_RANK");
+    snprintf(alarm_msg, sizeof alarm_msg, "gradcheck-dist: %s%s%s%s: not complete after %g s: a peer is stopped, hung or dead (GCD_TIMEOUT, --timeout)\n",
+             rank ? "rank " : "", rank ? rank : "", rank ? ": " : "", call, timeout_s);
+    struct sigaction sa = { .sa_handler = alarm_timeout };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, old);
+    alarm((unsigned)ceil(timeout_s));
+}
+
+static void alarm_disarm(const struct sigaction *old) {
+    alarm(0);
+    sigaction(SIGALRM, old, NULL);
 }
 
 // Open MPI's PMIx client talks to its server (mpirun, or the node's orted) over loopback TCP without
@@ -98,13 +116,10 @@ static void nodelay_loopback(void) {
 
 void gcd_mpi_init(int *argc, char ***argv) {
     int rank;
-    struct sigaction sa = { .sa_handler = init_timeout }, old;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, &old);
-    alarm((unsigned)ceil(timeout_s));
+    struct sigaction old;
+    alarm_arm("MPI_Init", &old);
     MPI_Init(argc, argv);
-    alarm(0);
-    sigaction(SIGALRM, &old, NULL);
+    alarm_disarm(&old);
     nodelay_loopback();
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (local && atol(local) > sysconf(_SC_NPROCESSORS_ONLN)) spin_polls = 10;
@@ -115,7 +130,10 @@ void gcd_mpi_init(int *argc, char ***argv) {
 }
 
 void gcd_mpi_finalize(void) {
+    struct sigaction old;
+    alarm_arm("MPI_Finalize", &old);
     MPI_Finalize();
+    alarm_disarm(&old);
 }
 
 // ----------------------------------------------------------------------------
@@ -169,7 +187,13 @@ gcd_comm *gcd_comm_mpi(void) {
 // ----------------------------------------------------------------------------
 // bootstrap helpers (launch facts, NCCL's unique id)
 
-void gcd_mpi_bcast_int(int *v, int root) { mpiCheck(MPI_Bcast(v, 1, MPI_INT, root, world_comm)); }
+static void bcast(void *buf, int n, MPI_Datatype type, int root) {
+    MPI_Request r;
+    mpi_check(MPI_Ibcast(buf, n, type, root, world_comm, &r), "MPI_Bcast", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Bcast");
+}
+
+void gcd_mpi_bcast_int(int *v, int root) { bcast(v, 1, MPI_INT, root); }
 
 void gcd_mpi_allgather_bytes(const void *mine, void *all, int len) { all_gather(mine, all, len, MPI_BYTE); }
 
@@ -181,26 +205,55 @@ void gcd_mpi_library_version(char *buf, int len) {
     snprintf(buf, (size_t)len, "%s", v);
 }
 
-void gcd_mpi_bcast_bytes(void *buf, int len, int root) { mpiCheck(MPI_Bcast(buf, len, MPI_BYTE, root, world_comm)); }
+void gcd_mpi_bcast_bytes(void *buf, int len, int root) { bcast(buf, len, MPI_BYTE, root); }
+
+// The ranks of this node, found from every rank's host name in one timed all-gather (MPI_Comm_split_type
+// has no non-blocking form, so a stopped peer could hang it). A node is a host name, as Open MPI's
+// shared-memory domain is on every machine this runs on. Gathered once; each rank's slot is
+// GCD_HOST_MAX bytes, NUL-terminated.
+enum { GCD_HOST_MAX = 256 };
+static char *hosts;   // (world, GCD_HOST_MAX)
+
+static const char *host_of(int k) {
+    if (!hosts) {
+        int world;
+        char mine[GCD_HOST_MAX] = "";
+        mpiCheck(MPI_Comm_size(world_comm, &world));
+        if (gethostname(mine, sizeof mine - 1)) snprintf(mine, sizeof mine, "?");
+        hosts = gcd_malloc((size_t)world * GCD_HOST_MAX);
+        all_gather(mine, hosts, GCD_HOST_MAX, MPI_BYTE);
+    }
+    return hosts + (size_t)k * GCD_HOST_MAX;
+}
 
 void gcd_mpi_local(int *local_rank, int *local_size) {
-    MPI_Comm node;
-    mpiCheck(MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    mpiCheck(MPI_Comm_rank(node, local_rank));
-    mpiCheck(MPI_Comm_size(node, local_size));
-    MPI_Comm_free(&node);
+    int rank, world;
+    mpiCheck(MPI_Comm_rank(world_comm, &rank));
+    mpiCheck(MPI_Comm_size(world_comm, &world));
+    const char *me = host_of(rank);
+    *local_rank = *local_size = 0;
+    for (int k = 0; k < world; k++)
+        if (!strcmp(host_of(k), me)) *local_rank += k < rank, ++*local_size;
 }
 
 void gcd_mpi_node_allgather(const void *mine, void *all, int len) {
-    MPI_Comm node;
-    mpiCheck(MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    mpiCheck(MPI_Allgather(mine, len, MPI_BYTE, all, len, MPI_BYTE, node));
-    MPI_Comm_free(&node);
+    int rank, world;
+    mpiCheck(MPI_Comm_rank(world_comm, &rank));
+    mpiCheck(MPI_Comm_size(world_comm, &world));
+    const char *me = host_of(rank);
+    char *every = gcd_malloc((size_t)world * (size_t)len);
+    all_gather(mine, every, len, MPI_BYTE);
+    int j = 0;
+    for (int k = 0; k < world; k++)
+        if (!strcmp(host_of(k), me)) memcpy((char *)all + (size_t)j++ * (size_t)len, every + (size_t)k * (size_t)len, (size_t)len);
+    free(every);
 }
 
 int gcd_mpi_any(int flag) {
     int any = 0;
-    mpiCheck(MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, world_comm));
+    MPI_Request r;
+    mpi_check(MPI_Iallreduce(&flag, &any, 1, MPI_INT, MPI_MAX, world_comm, &r), "MPI_Allreduce", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Allreduce");
     return any;
 }
 
@@ -223,5 +276,5 @@ int gcd_mpi_arrived(void) {
 // Called once the collective has completed: every rank then has started its MPI_Ibarrier (before its
 // NCCL call, which the collective needed), so this returns as soon as the ranks drive it.
 void gcd_mpi_arrive_end(void) {
-    if (arrival != MPI_REQUEST_NULL) mpiCheck(MPI_Wait(&arrival, MPI_STATUS_IGNORE));
+    if (arrival != MPI_REQUEST_NULL) mpiWait(arrival, "MPI_Ibarrier (arrival)");
 }
