@@ -342,15 +342,20 @@ rank_pid() {   # STEPS RANK: the pid of that rank of the run marked by its --ste
     done
 }
 has_rank() { [ -n "$(rank_pid "$1" "$2")" ]; }
+# rank 0 has its report path and handlers set (the launcher's private directory under TMPDIR holds the
+# "report" file it left): a rank found by its environment alone may still be in MPI_Init, where killing
+# it leaves rank 0 no pid to name (the "dead rank must be named" flake under load)
+rank0_ready() { compgen -G "$1/gradcheck-dist.*/report" >/dev/null; }
 no_ranks() { [ -z "$(ranks_of "$1")" ]; }
 wait_for() {   # SECONDS COMMAND...: poll until the command succeeds
     local end=$((SECONDS + $1))
     shift
     until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done
 }
-"$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99911 --timeout 3 --json stopped.json >stopped.txt 2>&1 &
+mkdir -p tmp99911 tmp99915
+TMPDIR=$PWD/tmp99911 "$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99911 --timeout 3 --json stopped.json >stopped.txt 2>&1 &
 run=$!
-wait_for 20 has_rank 99911 1 && sleep 1.5 && kill -STOP "$(rank_pid 99911 1)"   # past MPI_Init (which has the deadline too)
+wait_for 60 rank0_ready tmp99911 && wait_for 20 has_rank 99911 1 && sleep 0.5 && kill -STOP "$(rank_pid 99911 1)"   # past MPI_Init (which has the deadline too)
 timeout 60 tail --pid=$run -f /dev/null || kill -CONT $(ranks_of 99911) 2>/dev/null
 wait $run
 rc=$?
@@ -365,7 +370,7 @@ run=$!
 wait_for 20 has_rank 99912 0 && sleep 0.5 && kill -TERM $run
 wait $run
 rc=$?
-[ $rc = 3 ] && grep -q "interrupted by signal 15" term.txt || fail "SIGTERM to the launcher: exit $rc: $(cat term.txt)"
+[ $rc = 3 ] && grep -q "cancelled by signal 15" term.txt || fail "SIGTERM to the launcher: exit $rc: $(cat term.txt)"
 wait_for 10 no_ranks 99912 || fail "SIGTERM to the launcher left processes: $(ranks_of 99912)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGTERM to the launcher left a report: $(ls reports)"
 "$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99913 >kill.txt 2>&1 &
@@ -375,9 +380,9 @@ wait $run 2>/dev/null
 wait_for 10 no_ranks 99913 || fail "SIGKILL to the launcher left processes: $(ranks_of 99913)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGKILL to the launcher left a report: $(ls reports)"
 # a rank killed by a signal: named with its pid and host, and rank 0, alive, still writes the error report
-"$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json --junit dead.xml >dead.txt 2>&1 &
+TMPDIR=$PWD/../tmp99915 "$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json --junit dead.xml >dead.txt 2>&1 &
 run=$!
-wait_for 20 has_rank 99915 2 && sleep 1 && victim=$(rank_pid 99915 2) && kill -KILL "$victim"
+wait_for 60 rank0_ready ../tmp99915 && wait_for 20 has_rank 99915 2 && sleep 0.5 && victim=$(rank_pid 99915 2) && kill -KILL "$victim"
 timeout 60 tail --pid=$run -f /dev/null
 wait $run
 rc=$?

@@ -29,6 +29,7 @@ typedef struct {
     double lr;
     const char *hostfile, *json, *backend, *junit;
     int no_json, summary_only, full;
+    int oversubscribe;               // more ranks than the allocation's slots (--oversubscribe)
     double timeout;                  // seconds a collective may take (--timeout, GCD_TIMEOUT, default 300)
 } options;
 
@@ -45,6 +46,7 @@ int junit_path_ok(const char *junit, const char *json);
 int parse_run(int argc, char **argv, options *o);
 // launch.c
 int launch(const options *o, int argc, char **argv);
+int pmi_unusable(void);   // srun --mpi=pmi2: says so (task 0) and returns 3; 0 otherwise
 // rank.c
 int run_rank(const options *o, int argc, char **argv);
 double now(void);

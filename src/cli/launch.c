@@ -95,17 +95,83 @@ static int feasible(const options *o, int world) {
     return 0;
 }
 
-// The launcher passes SIGINT, SIGTERM and SIGHUP on to mpirun (which ends the ranks) and waits for it;
-// mpirun gets SIGTERM too when the launcher dies by SIGKILL (PR_SET_PDEATHSIG). It first leaves a file
-// "interrupted" in its private directory: rank 0, ended by mpirun, then leaves no report; without it
-// (another rank died) rank 0 writes its error report.
-static volatile sig_atomic_t mpirun_pid, caught;
+// ----------------------------------------------------------------------------
+// Slurm: srun without an MPI plugin starts N copies of this program, each of which would launch its own
+// job (N reports, one --json path written by all); srun --mpi=pmi2 gives an environment this Open MPI
+// (PMIx only) cannot use. Both are refused before MPI_Init, saying how to start one job.
+
+static long env_long(const char *name) {   // 0 when unset or not a number
+    const char *v = getenv(name);
+    char *end;
+    long x = v && *v ? strtol(v, &end, 10) : 0;
+    return v && *v && !*end && x > 0 ? x : 0;
+}
+
+// the tasks of this allocation, from SLURM_TASKS_PER_NODE ("2(x3),1" = 7), as Open MPI counts its slots
+static long slurm_slots(void) {
+    const char *v = getenv("SLURM_TASKS_PER_NODE");
+    long total = 0;
+    while (v && *v) {
+        char *end;
+        long n = strtol(v, &end, 10), times = 1;
+        if (end == v || n < 0) return env_long("SLURM_NTASKS");
+        if (*end == '(' && end[1] == 'x') times = strtol(end + 2, &end, 10), end += *end == ')';
+        total += n * times;
+        v = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return env_long("SLURM_NTASKS");
+    }
+    return total > 0 ? total : env_long("SLURM_NTASKS");
+}
+
+int pmi_unusable(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || !(getenv("PMI_FD") || getenv("PMI_RANK"))) return 0;
+    const char *rank = getenv("PMI_RANK");
+    if (!rank || !strcmp(rank, "0"))
+        fprintf(stderr, "gradcheck-dist: srun started this task with Slurm's PMI-2 (--mpi=%s), which this Open MPI cannot use (it speaks PMIx): "
+                        "start it with srun --mpi=pmix, or salloc -n N gradcheck-dist run --world N\n",
+                getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "pmi2");
+    return 3;
+}
+
+static int slurm_refusal(const options *o, int world) {
+    long tasks = env_long("SLURM_STEP_NUM_TASKS") ? env_long("SLURM_STEP_NUM_TASKS") : env_long("SLURM_NTASKS");
+    if (getenv("SLURM_STEP_ID") && tasks > 1) {
+        const char *id = getenv("SLURM_PROCID");
+        if (!id || !strcmp(id, "0"))
+            fprintf(stderr, "gradcheck-dist: srun started %ld tasks that are not one MPI job (no PMIx in their environment: srun's MPI plugin is none), "
+                            "and each would launch its own: start one job with srun --mpi=pmix -n %ld gradcheck-dist run, "
+                            "or salloc -n %ld gradcheck-dist run --world %ld\n", tasks, tasks, tasks, tasks);
+        return 2;
+    }
+    long slots = getenv("SLURM_JOB_ID") && !o->hostfile ? slurm_slots() : 0;
+    if (slots > 0 && world > slots && !o->oversubscribe) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "%d ranks, but this Slurm allocation holds %ld tasks (SLURM_TASKS_PER_NODE=%s): ask Slurm for %d (-n %d), "
+                                  "or pass --oversubscribe to run more ranks than tasks", world, slots, getenv("SLURM_TASKS_PER_NODE") ? getenv("SLURM_TASKS_PER_NODE") : "?",
+                 world, world);
+        return bad("--world", "%s", msg);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// supervision. mpirun runs in its own process group, so a terminal's Ctrl-C reaches the launcher alone
+// (mpirun given SIGINT twice, by the terminal and by the launcher, exits at once without ending the
+// ranks). The launcher passes the first SIGINT, SIGTERM or SIGHUP on to mpirun, which ends the ranks;
+// mpirun not gone GCD_END_GRACE seconds later, or a second signal, is SIGKILL to mpirun's group and to
+// each rank on this host. mpirun gets SIGTERM when the launcher dies by SIGKILL (PR_SET_PDEATHSIG).
+// The launcher first leaves a file "interrupted" in its private directory: rank 0 then leaves no report;
+// without it (mpirun ending the job because another rank died) rank 0 writes its error report.
+enum { GCD_END_GRACE = 10 };
+static const size_t stderr_cap = 1 << 20;   // bytes of mpirun's stderr passed on (a flood is a broken launch)
+static volatile sig_atomic_t mpirun_pid, caught, signals;
 static char interrupted[PATH_MAX + 32];
 static void forward_signal(int sig) {
-    caught = sig;
+    if (!caught) caught = sig;
+    signals++;
     int fd = open(interrupted, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd >= 0) close(fd);
-    if (mpirun_pid > 0) kill((pid_t)mpirun_pid, sig);
+    if (mpirun_pid > 0) kill(-(pid_t)mpirun_pid, signals > 1 ? SIGKILL : sig);
 }
 
 static char *read_small(const char *path, char *buf, size_t len) {   // NULL when absent or empty
@@ -135,12 +201,85 @@ static void scan_line(mpirun_log *m) {
         m->rank = rank, m->sig = sig, snprintf(m->host, sizeof m->host, "%s", host);
 }
 
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Each rank on this host, from the list rank 0 left ("rank pid host" a line), that is still this program:
+// SIGKILL (mpirun itself killed leaves its ranks running)
+static void kill_ranks(const char *dir, const char *exe) {
+    char path[PATH_MAX + 32], list[65536], host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(path, sizeof path, "%s/ranks", dir);
+    if (!read_small(path, list, sizeof list)) return;
+    for (char *save = NULL, *l = strtok_r(list, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        int r;
+        long p;
+        char h[256], link[64], target[PATH_MAX];
+        if (sscanf(l, "%d %ld %255s", &r, &p, h) != 3 || p <= 1 || strcmp(h, host)) continue;
+        snprintf(link, sizeof link, "/proc/%ld/exe", p);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k > 0 && (target[k] = 0, !strcmp(target, exe))) kill((pid_t)p, SIGKILL);
+    }
+}
+
+// What the launcher watches besides mpirun's stderr: the ranks started (rank 0 left its list), the
+// verdict given (the result file), and the deadlines on both; why it ended the job, if it did.
+typedef struct {
+    const char *dir, *exe, *result;
+    double t0, start_limit, exit_limit;   // seconds: start from t0, exit from the verdict
+    double verdict_at, ending_at, caught_at;
+    int started, killed;
+    size_t forwarded, dropped;
+    char why[256];
+} watch;
+
+static void end_job(watch *w, pid_t pid, const char *why) {
+    if (w->ending_at > 0 || w->killed) return;
+    snprintf(w->why, sizeof w->why, "%s", why);
+    w->ending_at = mono();
+    kill(-pid, SIGTERM);
+}
+
+static void kill_job(watch *w, pid_t pid) {
+    if (w->killed) return;
+    w->killed = 1;
+    kill(-pid, SIGKILL);
+    kill_ranks(w->dir, w->exe);
+}
+
+// Every turn: a deadline passed ends the job (SIGTERM, then SIGKILL after the grace).
+static void supervise(watch *w, pid_t pid) {
+    double t = mono();
+    char path[PATH_MAX + 32], msg[256];
+    if (!w->started) {
+        snprintf(path, sizeof path, "%s/ranks", w->dir);
+        w->started = access(path, F_OK) == 0;
+    }
+    if (w->verdict_at == 0 && access(w->result, F_OK) == 0) w->verdict_at = t;
+    if (caught && w->caught_at == 0) w->caught_at = t;
+    if (!w->started && w->verdict_at == 0 && t - w->t0 > w->start_limit) {
+        snprintf(msg, sizeof msg, "mpirun did not start the ranks within %g s (--timeout + %d s): it was ended", w->start_limit - GCD_END_GRACE * 3, GCD_END_GRACE * 3);
+        end_job(w, pid, msg);
+    }
+    if (w->verdict_at > 0 && t - w->verdict_at > w->exit_limit) {
+        snprintf(msg, sizeof msg, "mpirun had not exited %g s after rank 0 gave its verdict: it was ended", w->exit_limit);
+        end_job(w, pid, msg);
+    }
+    if ((w->ending_at > 0 && t - w->ending_at > GCD_END_GRACE) || (w->caught_at > 0 && t - w->caught_at > GCD_END_GRACE) || signals > 1) kill_job(w, pid);
+}
+
 // Until EOF, or mpirun reaped and the pipe quiet for 0.2 s (a stray holder of the pipe must not hang
-// the launcher). Sets *status and returns 1 when it reaped mpirun.
-static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
+// the launcher). Sets *status and returns 1 when it reaped mpirun. At most stderr_cap bytes are passed
+// on; past that, a job whose ranks have not started is ended (an endless error flood), and a running
+// one runs on with the rest counted, not shown.
+static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status, watch *wt) {
     char buf[4096];
     int reaped = 0;
     for (;;) {
+        supervise(wt, pid);
         struct pollfd p = { .fd = fd, .events = POLLIN };
         int r = poll(&p, 1, 200);
         if (r < 0 && errno == EINTR) continue;
@@ -153,12 +292,24 @@ static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status) {
         ssize_t k = read(fd, buf, sizeof buf);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return reaped;
+        if (wt->forwarded + (size_t)k > stderr_cap) {
+            size_t keep = stderr_cap - wt->forwarded;
+            wt->dropped += (size_t)k - keep;
+            if (keep == 0) {
+                if (!wt->started) end_job(wt, pid, "mpirun wrote more than 1 MiB to stderr before any rank started (the first 1 MiB is above): it was ended");
+                goto scan;
+            }
+            k = (ssize_t)keep;
+        }
+        wt->forwarded += (size_t)k;
         for (ssize_t off = 0; off < k;) {
             ssize_t w = write(2, buf + off, (size_t)(k - off));
             if (w < 0 && errno == EINTR) continue;
             if (w <= 0) break;   // our stderr is gone: keep reading, so that mpirun never blocks on the pipe
             off += w;
         }
+        if (wt->forwarded == stderr_cap) fprintf(stderr, "\ngradcheck-dist: mpirun's stderr passed 1 MiB: the rest is not shown\n");
+    scan:
         for (ssize_t i = 0; i < k; i++) {
             if (buf[i] == '\n' || m->n + 1 >= sizeof m->line) {
                 m->line[m->n] = 0;
@@ -216,6 +367,40 @@ static void name_the_dead(const mpirun_log *m, const char *dir, const char *juni
     cJSON_Delete(doc);
 }
 
+// After the launcher's own signal the words and the files agree, said once. A verdict rank 0 gave before
+// the signal stands (its report is whole). Otherwise a report this run left (rank 0's error report, when
+// its signal came before the launcher's) is rewritten to say the job was cancelled, and by which signal,
+// and the JUnit file with it; the words say whether a report was left.
+static int cancelled(const options *o, const char *report, time_t started, int code) {
+    int sig = (int)caught;
+    if (code >= 0) {
+        fprintf(stderr, "gradcheck-dist: signal %d (%s) came after rank 0's verdict (exit %d): the report stands\n", sig, strsignal(sig), code);
+        return code;
+    }
+    char msg[160], err[512];
+    snprintf(msg, sizeof msg, "cancelled by signal %d (%s): mpirun and the ranks were ended before the verdict", sig, strsignal(sig));
+    const char *junit = o->junit && strcmp(o->junit, "-") ? o->junit : NULL;
+    struct stat st;
+    int ours = report[0] && stat(report, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_mtime >= started;
+    cJSON *doc = ours ? gcd_report_load(report, err, sizeof err) : NULL;
+    if (doc) {
+        const cJSON *env = cJSON_GetObjectItem(doc, "environment");
+        gcd_report_finish(doc, 3, msg, 0, gcd_json_num(cJSON_GetObjectItem(env, "wall_seconds")));
+        char *xml = junit ? gcd_render_junit(doc) : NULL;
+        int bad_write = gcd_report_write(doc, report, err, sizeof err) || (xml && gcd_text_write(xml, "--junit", junit, err, sizeof err));
+        free(xml);
+        cJSON_Delete(doc);
+        if (!bad_write) {
+            fprintf(stderr, "gradcheck-dist: %s; the report, %s, says so\n", msg, report);
+            return 3;
+        }
+        fprintf(stderr, "gradcheck-dist: %s\n", err);
+    } else if (junit && stat(junit, &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime >= started)
+        unlink(junit);   // rank 0's JUnit error without its report: it would say another thing than these words
+    fprintf(stderr, "gradcheck-dist: %s; no report\n", msg);
+    return 3;
+}
+
 // The launcher's verdict comes from rank 0 (a file in a private directory), never from mpirun's exit
 // status: mpirun exiting with 1 because a launch failed is not a gradient finding.
 // Without --hostfile mpirun stays on this node, unless a resource manager's allocation gives it others
@@ -231,8 +416,18 @@ static int one_node(const options *o) {
 
 int launch(const options *o, int argc, char **argv) {
     int world = o->world ? o->world : 2;
-    int rc = feasible(o, world);
+    int rc = slurm_refusal(o, world);
     if (rc) return rc;
+    if ((rc = feasible(o, world))) return rc;
+    const char *blas = getenv("OPENBLAS_NUM_THREADS");
+    long threads = physical_cores() / world;
+    if (blas) {
+        char *end;
+        errno = 0;
+        threads = strtol(blas, &end, 10);
+        if (end == blas || *end || errno || threads < 1 || threads > 1024)
+            return bad("OPENBLAS_NUM_THREADS", "expected a number of threads from 1 to 1024, got '%s'", blas);
+    }
     if (!strcmp(o->backend, "nccl") && (rc = nccl_precheck(o, world))) return rc;
     char exe[PATH_MAX];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -258,9 +453,7 @@ int launch(const options *o, int argc, char **argv) {
     // BLAS threads, set before OpenBLAS starts in the ranks (unless the user chose): this machine's cores
     // shared out, one a rank when the ranks fill them, more when they do not; each rank is then bound to
     // that many cores (Open MPI binds a rank to one core by default, where its threads would share it)
-    long threads = physical_cores() / world;
-    if (getenv("OPENBLAS_NUM_THREADS")) threads = atol(getenv("OPENBLAS_NUM_THREADS"));
-    else {
+    if (!blas) {
         char nt[24];
         snprintf(nt, sizeof nt, "%ld", threads > 1 ? threads : 1);
         setenv("OPENBLAS_NUM_THREADS", nt, 1);
@@ -277,7 +470,9 @@ int launch(const options *o, int argc, char **argv) {
     av[n++] = "mpirun";
     av[n++] = "-np";
     av[n++] = np;
-    if (!o->hostfile && world > physical_cores()) av[n++] = "--oversubscribe";
+    // more ranks than slots: asked for (--oversubscribe), or more than this machine's cores outside an
+    // allocation (inside one, slurm_refusal above refused it unless asked for)
+    if (o->oversubscribe || (!o->hostfile && !getenv("SLURM_JOB_ID") && world > physical_cores())) av[n++] = "--oversubscribe";
     if (geteuid() == 0) av[n++] = "--allow-run-as-root";
     // when a rank dies, mpirun ends the others with SIGTERM, then SIGKILL after this many seconds (1 by
     // default; mpirun waits it out whole, twice): time for rank 0 to write its error report (an fsync)
@@ -325,6 +520,7 @@ int launch(const options *o, int argc, char **argv) {
     if (pid == 0) {
         for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
         signal(SIGPIPE, SIG_DFL);
+        setpgid(0, 0);   // its own process group: the terminal's signals reach the launcher alone
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(3);   // the launcher died before the line above
         int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
@@ -336,12 +532,19 @@ int launch(const options *o, int argc, char **argv) {
     }
     for (int i = first_x + 1; i < last_x; i += 2) free(av[i]);
     free(av);
+    setpgid(pid, pid);   // as the child does: whichever runs first
     mpirun_pid = pid;
-    if (caught) kill(pid, caught);   // a signal between fork and here
+    if (caught) kill(-pid, caught);   // a signal between fork and here
     close(err_pipe[1]);
     int status;
     mpirun_log log = { .n = 0 };
-    int reaped = forward_stderr(err_pipe[0], &log, pid, &status);
+    // the ranks start within MPI_Init's deadline (--timeout) and end within MPI_Finalize's: mpirun gets that
+    // and GCD_END_GRACE x 3 (its own SIGTERM-then-SIGKILL of the ranks, twice) on either side
+    watch wt = { .dir = dir, .exe = exe, .result = result, .t0 = mono() };
+    wt.start_limit = o->timeout + GCD_END_GRACE * 3;
+    wt.exit_limit = o->timeout + GCD_END_GRACE * 3;
+    time_t started = time(NULL);
+    int reaped = forward_stderr(err_pipe[0], &log, pid, &status, &wt);
     close(err_pipe[0]);
     while (!reaped && waitpid(pid, &status, 0) < 0)
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
@@ -354,8 +557,17 @@ int launch(const options *o, int argc, char **argv) {
         fclose(f);
         unlink(result);
     }
-    if (!caught && code < 0 && log.sig) name_the_dead(&log, dir, o->junit && strcmp(o->junit, "-") ? o->junit : NULL);
+    if (wt.dropped) fprintf(stderr, "gradcheck-dist: %zu bytes of mpirun's stderr past the first 1 MiB were not shown\n", wt.dropped);
+    if (!caught && code < 0 && log.sig && !wt.why[0]) name_the_dead(&log, dir, o->junit && strcmp(o->junit, "-") ? o->junit : NULL);
     if (code < 0 && !o->json && !o->no_json) drop_empty_default(dir);
+    char report[PATH_MAX] = "";   // the JSON report this run wrote, if any
+    if (o->json && strcmp(o->json, "-")) snprintf(report, sizeof report, "%s", o->json);
+    else if (!o->json && !o->no_json) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/report", dir);
+        if (!read_small(path, report, sizeof report)) report[0] = 0;
+    }
+    if (wt.killed && !caught) kill_ranks(dir, exe);
     static const char *const left[] = { "ranks", "report", "interrupted" };
     for (int i = 0; i < 3; i++) {
         char f[PATH_MAX + 32];
@@ -363,8 +575,9 @@ int launch(const options *o, int argc, char **argv) {
         unlink(f);
     }
     rmdir(dir);
-    if (caught) {
-        fprintf(stderr, "gradcheck-dist: interrupted by signal %d: mpirun and the ranks were ended, no verdict and no report\n", (int)caught);
+    if (caught) return cancelled(o, report, started, code);
+    if (wt.why[0]) {
+        fprintf(stderr, "gradcheck-dist: %s\n", wt.why);
         return 3;
     }
     char how[64];

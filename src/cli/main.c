@@ -38,6 +38,7 @@ static const char usage_run[] =
     "  --steps N --lr X     then take N SGD steps per mode (default 0, at most 100000; lr 0.1)\n"
     "  --backend mpi|nccl   collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)\n"
     "  --hostfile FILE      passed to mpirun\n"
+    "  --oversubscribe      more ranks than the Slurm allocation's tasks (else refused, exit 2)\n"
     "  --timeout S          a collective not complete after S seconds stops the run, exit 3 (default 300,\n"
     "                       or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job\n"
     "  --json PATH|-        where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
@@ -104,5 +105,6 @@ int main(int argc, char **argv) {
     options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc;
+    if ((rc = pmi_unusable())) return rc;   // before MPI_Init, which would abort
     return gcd_mpi_inside_job() ? run_rank(&o, argc, argv) : launch(&o, argc, argv);
 }

@@ -163,7 +163,7 @@ int parse_run(int argc, char **argv, options *o) {
                                               "--json", "--timeout", "--junit", NULL },
                                  *const known[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
                                               "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--full", "--local-loss", "--help", NULL };
+                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--full", "--local-loss", "--oversubscribe", "--help", NULL };
         int takes = 0;
         for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
         if (takes) {
@@ -212,6 +212,7 @@ int parse_run(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--no-json")) o->no_json = 1;
         else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
         else if (!strcmp(flag, "--full")) o->full = 1;
+        else if (!strcmp(flag, "--oversubscribe")) o->oversubscribe = 1;
         else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
         else return unknown("unknown option", flag, known);
         if (rc) return rc;

@@ -47,9 +47,18 @@ static int launcher_alive(void) {   // async-signal-safe: /proc/PID/stat exists 
 // rank 0, ended by a signal. Under the launcher, unless the launcher itself was interrupted or is gone,
 // it is mpirun ending the job because another rank died: the collective in progress stops and the fatal
 // hook writes the error report. Otherwise (the launcher's signal, forwarded): no half report, no empty
-// reserved name.
+// reserved name. A signal sent to the whole job at once (scancel, kill of a process group) may reach
+// rank 0 before the launcher has left its file: rank 0 gives it half a second.
+static int interrupted_soon(void) {   // async-signal-safe
+    for (int i = 0; i < 50; i++) {
+        if (access(interrupted_file, F_OK) == 0) return 1;
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    }
+    return 0;
+}
+
 static void rank0_signal(int sig) {
-    if (interrupted_file[0] && access(interrupted_file, F_OK) && launcher_alive() && (job.path[0] || job.junit[0]) && !job.written) {
+    if (interrupted_file[0] && launcher_alive() && (job.path[0] || job.junit[0]) && !job.written && !interrupted_soon()) {
         gcd_mpi_stop(sig);
         return;
     }
@@ -296,6 +305,11 @@ int run_rank(const options *o, int argc, char **argv) {
     }
 
     int code = all_met ? 0 : 1;
+    if (root && interrupted_file[0] && !launcher_alive()) {   // the launcher was killed (SIGKILL): nobody takes a verdict
+        if (job.reserved) unlink(job.path);
+        fprintf(stderr, "gradcheck-dist: the launcher is gone: no report\n");
+        _exit(3);
+    }
     if (root) {   // the report first, so that the text says the code the process returns
         gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
         code = write_reports(job.doc, job.path, job.reserved, job.junit, code, now() - job.t0);
@@ -317,11 +331,15 @@ int run_rank(const options *o, int argc, char **argv) {
         job.doc = NULL;
         free(env.hostnames), free(env.devices ? env.devices[0] : NULL), free(env.devices);
     }
+    // the verdict to the launcher first: a peer stopped from here on fails only what follows (exit 3)
+    int exit_code = root ? rank_exit(root, code) : 0;
+    gcd_comm_set_context("the final broadcast of the exit code");
     gcd_mpi_bcast_int(&code, 0);
+    if (!root) exit_code = rank_exit(root, code);
     if (comm->impl) gcd_comm_nccl_free(comm);
     gcd_mpi_finalize();
     free(facts);
     for (int i = 0; i < nargs; i++) free(args[i]);
     free(args);
-    return rank_exit(root, code);
+    return exit_code;
 }
