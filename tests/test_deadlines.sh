@@ -10,10 +10,12 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 work=$(mktemp -d)
 cd "$work" || exit 1
-trap 'pkill -KILL -f -- "--seed 7700[0-9][0-9]" 2>/dev/null; rm -rf "$work"' EXIT
-left() { pgrep -f -- "--seed $1" || true; }
+# this copy's runs are told apart by their seeds (another copy of this test may run at the same time)
+base=$(( (770000 + $$ % 100000) * 100 ))
+trap 'for s in $(seq $base $((base + 30))); do pkill -KILL -f -- "--seed $s( |$)"; done 2>/dev/null; rm -rf "$work"' EXIT
+left() { pgrep -f -- "--seed $1( |$)" || true; }
 for call in Init Bcast Finalize; do
-    seed=$((770000 + ${#call}))   # Init 770004, Bcast 770005, Finalize 770008
+    seed=$((base + ${#call}))   # Init +4, Bcast +5, Finalize +8
     t0=$SECONDS
     LD_PRELOAD=$FAULT GCD_FAULT_STOP=$call GCD_FAULT_RANK=1 timeout -k 5 60 "$G" run --world 2 --probe simplenet --mode on \
         --seed $seed --timeout 3 --json $call.json >$call.txt 2>&1
@@ -32,7 +34,7 @@ grep -q "rank 0: MPI_Init: not complete after 3 s" Init.txt || fail "the MPI_Ini
 # mpirun reading a parameter file that never ends writes an endless error flood and never starts a rank
 # (before: 434 MB passed on in 60 s, no end): at most 1 MiB passed on, then the job is ended, exit 3
 t0=$SECONDS
-OMPI_MCA_mca_base_param_files=/dev/zero timeout -k 5 60 "$G" run --world 2 --probe simplenet --mode on --no-json --seed 770010 >flood.out 2>flood.err
+OMPI_MCA_mca_base_param_files=/dev/zero timeout -k 5 60 "$G" run --world 2 --probe simplenet --mode on --no-json --seed $((base + 10)) >flood.out 2>flood.err
 rc=$?
 bytes=$(wc -c <flood.err)
 [ $rc = 3 ] || fail "an endless mpirun error flood: exit $rc, expected 3 (124: no end)"
@@ -50,7 +52,7 @@ done
 # Ctrl-C: the terminal sends SIGINT to the launcher's process group. mpirun, in a group of its own, gets
 # one SIGINT (from the launcher): every process ends, no report is left, and the words say so once.
 mkdir -p tmpc
-setsid bash -c 'cd "$1" && TMPDIR=$1/tmpc exec "$0" run --world 2 --probe contrastive --mode on --batch 32 --steps 100000 --seed 770020 >ctrlc.txt 2>&1' "$G" "$work" &
+setsid bash -c 'cd "$1" && TMPDIR=$1/tmpc exec "$0" run --world 2 --probe contrastive --mode on --batch 32 --steps 100000 --seed $2 >ctrlc.txt 2>&1' "$G" "$work" $((base + 20)) &
 pid=$!
 for i in $(seq 300); do compgen -G "tmpc/gradcheck-dist.*/report" >/dev/null && break; sleep 0.2; done
 sleep 0.5
@@ -60,8 +62,8 @@ rc=$?
 [ $rc = 3 ] || fail "Ctrl-C: exit $rc, expected 3: $(cat ctrlc.txt)"
 [ "$(grep -c "cancelled by signal 2 " ctrlc.txt)" = 1 ] || fail "Ctrl-C: 'cancelled by signal 2' must be said once: $(cat ctrlc.txt)"
 ! grep -Eq "another rank|was killed by signal" ctrlc.txt || fail "Ctrl-C: a guess about a dead rank: $(cat ctrlc.txt)"
-for i in $(seq 75); do [ -z "$(left 770020)" ] && break; sleep 0.2; done
-[ -z "$(left 770020)" ] || fail "Ctrl-C: processes left: $(left 770020)"
+for i in $(seq 75); do [ -z "$(left $((base + 20)))" ] && break; sleep 0.2; done
+[ -z "$(left $((base + 20)))" ] || fail "Ctrl-C: processes left: $(left $((base + 20)))"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "Ctrl-C: a report was left: $(ls reports)"
 [ $fails = 0 ] || { echo "$fails failure(s)" >&2; exit 1; }
 echo "test_deadlines: ok"
