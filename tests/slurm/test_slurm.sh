@@ -7,6 +7,7 @@
 #   scancel of a long job       the words and the files agree: "cancelled by signal 15", said once
 #   srun without PMI            N tasks that are not one MPI job: exit 2, saying how to start one
 #   srun --mpi=pmi2             exit 3, saying to use --mpi=pmix (this Open MPI has no PMI-2)
+#   two nodes (salloc -N 2)     the multi-node launch path (orted through srun), over TCP
 # Slurm that cannot start is a failure, never a skip.
 # usage: test_slurm.sh GRADCHECK_DIST PYTHON
 G=$1 PY=${2:-python3}
@@ -102,6 +103,15 @@ srun -n 2 --mpi=pmi2 "$G" run --no-json >pmi2.txt 2>&1
 rc=$?
 [ $rc = 3 ] || fail "srun -n 2 --mpi=pmi2: exit $rc, expected 3: $(tail -5 pmi2.txt)"
 grep -q -- "--mpi=pmix" pmi2.txt || fail "srun --mpi=pmi2: must say to use --mpi=pmix: $(cat pmi2.txt)"
+
+# ---- two nodes (a second slurmd, -N n2, on this host): mpirun without the one-node settings starts its
+# daemon on the other node through srun. Both "nodes" share /dev/shm, where Open MPI's shared-memory
+# transport crashes (a plain MPI hello too): TCP between them.
+slurm_stop
+SLURM_SECOND_NODE=1 slurm_start "$work/slurm2"
+OMPI_MCA_btl=self,tcp salloc -N 2 -n 2 "$G" run --world 2 --probe simplenet --json two.json >two.txt 2>&1
+rc=$?
+[ $rc = 0 ] && report_is two.json pass 2 || fail "salloc -N 2 -n 2 run --world 2 (two nodes, TCP): exit $rc: $(tail -5 two.txt)"
 
 echo "test_slurm: $((SECONDS - t0)) s with Slurm up"
 [ $fails = 0 ] || { echo "$fails failure(s)" >&2; exit 1; }
