@@ -182,3 +182,56 @@ size_t gcd_utf8_char(const unsigned char *s, size_t n) {
     if ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff))) return 0;   // overlong, surrogate
     return k + 1;
 }
+
+// ----------------------------------------------------------------------------
+// text from outside (tensor and file names, a report's strings) as a terminal may show it
+
+// the code point of the valid character at s (k bytes)
+static unsigned utf8_cp(const unsigned char *s, size_t k) {
+    unsigned cp = k == 1 ? s[0] : s[0] & (0x3f >> (k - 1));
+    for (size_t j = 1; j < k; j++) cp = cp << 6 | (s[j] & 0x3f);
+    return cp;
+}
+
+// shown escaped: C0 and C1 controls, DEL, the line and paragraph separators, the bidirectional
+// overrides and marks (they reorder what a terminal shows), the BOM and the noncharacters U+FFFE/U+FFFF
+static int unsafe_cp(unsigned cp) {
+    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x200e || cp == 0x200f || (cp >= 0x2028 && cp <= 0x202e) ||
+           (cp >= 0x2066 && cp <= 0x2069) || cp == 0xfeff || cp == 0xfffe || cp == 0xffff;
+}
+
+int gcd_term_needs_char(const unsigned char *s, size_t k) { return unsafe_cp(utf8_cp(s, k)); }
+
+int gcd_term_needs(const char *str) {
+    const unsigned char *s = (const unsigned char *)str, *end = s + strlen(str);
+    while (s < end) {
+        size_t k = *s < 0x80 ? (*s >= 0x20 && *s != 0x7f) : gcd_utf8_char(s, (size_t)(end - s));
+        if (!k || unsafe_cp(utf8_cp(s, k))) return 1;
+        s += k;
+    }
+    return 0;
+}
+
+void gcd_sb_term(gcd_sb *b, const char *str) {
+    const unsigned char *s = (const unsigned char *)str, *end = s + strlen(str);
+    while (s < end) {
+        size_t k = gcd_utf8_char(s, (size_t)(end - s));
+        unsigned cp = k ? utf8_cp(s, k) : 0;
+        if (!k) gcd_sb_printf(b, "\\x%02x", *s), k = 1;   // not UTF-8: the byte, in hex
+        else if (cp == '\n') gcd_sb_printf(b, "\\n");
+        else if (cp == '\r') gcd_sb_printf(b, "\\r");
+        else if (cp == '\t') gcd_sb_printf(b, "\\t");
+        else if (cp == 0x1b) gcd_sb_printf(b, "\\e");
+        else if (cp < 0x80 && unsafe_cp(cp)) gcd_sb_printf(b, "\\x%02x", cp);
+        else if (unsafe_cp(cp)) gcd_sb_printf(b, "\\u%04x", cp);
+        else gcd_sb_append(b, s, k);
+        s += k;
+    }
+    if (!b->s) gcd_sb_append(b, "", 0);
+}
+
+char *gcd_term_str(const char *s) {
+    gcd_sb b = { 0 };
+    gcd_sb_term(&b, s);
+    return b.s;
+}

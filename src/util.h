@@ -68,3 +68,10 @@ void gcd_sb_free(gcd_sb *b);
 // UTF-8: the length (1-4) of the valid, shortest-form character at s (n bytes left), or 0 when invalid
 
 size_t gcd_utf8_char(const unsigned char *s, size_t n);
+// Text from outside (a tensor or file name, a report's string) for a terminal: control characters (C0,
+// C1, DEL, ESC as \e, newline as \n), bidirectional overrides, line separators, U+FFFE/U+FFFF shown
+// escaped and invalid UTF-8 bytes as \xNN, so that it can never start a line or move the cursor.
+int gcd_term_needs(const char *s);         // 1 when gcd_sb_term would change s
+int gcd_term_needs_char(const unsigned char *s, size_t k);   // the same for one valid character of k bytes
+void gcd_sb_term(gcd_sb *b, const char *s);
+char *gcd_term_str(const char *s);         // malloc'd

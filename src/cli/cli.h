@@ -53,6 +53,11 @@ double now(void);
 // output.c
 int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds);
 int default_report_path(char *path, size_t len);
+void std_fds_guard(void);                // main's first call: a closed 0-2 held by /dev/null, read-only
+int stream_lost(int fd);                 // closed, /dev/full or a full file system
+int launcher_streams_code(int code);     // code, or 3 when what mpirun forwarded to stdout/stderr was lost
+int stdout_done(const char *what);       // 0, or 3 having said on stderr that stdout failed
+void say(const char *prefix, const char *text);   // "gradcheck-dist: " prefix text, text escaped for a terminal
 // commands.c
 int check_main(int argc, char **argv);
 int report_main(int argc, char **argv);

@@ -19,6 +19,19 @@
 // ----------------------------------------------------------------------------
 // check DUMP... [--ref REF]: the user's own gradients
 
+// --json and --junit never write over what check reads (a dump, the --ref file): -2, having said so
+static int outputs_not_inputs(const gcd_check_set *set, const char *json, const char *junit) {
+    const char *out[2] = { json, junit }, *flag[2] = { "--json", "--junit" };
+    for (int i = 0; i < 2; i++) {
+        if (!out[i] || !strcmp(out[i], "-")) continue;
+        for (int k = 0; k <= set->world; k++) {
+            const char *in = k < set->world ? set->rank[k].path : set->has_ref ? set->ref.path : NULL;
+            if (in && gcd_output_same(out[i], in)) return bad(flag[i], "'%s' is one of the files check reads (a dump or --ref): give the report its own path", out[i]), -2;
+        }
+    }
+    return 0;
+}
+
 int check_main(int argc, char **argv) {
     const char **dumps = gcd_malloc((size_t)argc * sizeof *dumps), **ignore = gcd_malloc((size_t)argc * sizeof *ignore);
     gcd_check_opts o = { .dumps = dumps, .ignore = ignore };
@@ -43,10 +56,9 @@ int check_main(int argc, char **argv) {
         else if (!strcmp(flag, "--junit")) junit = v;
         else if (!strcmp(flag, "--no-json")) no_json = 1;
         else if (!strcmp(flag, "--snippet")) {
-            int ok = fputs(gcd_check_snippet, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
+            fputs(gcd_check_snippet, stdout);
             free(dumps), free(ignore);
-            if (!ok) fprintf(stderr, "gradcheck-dist: check --snippet: writing to stdout: %s\n", strerror(errno ? errno : EIO));
-            return ok ? 0 : 3;
+            return stdout_done("check --snippet");
         }
         else if (!strcmp(flag, "--tol")) {
             char *end;
@@ -71,8 +83,10 @@ int check_main(int argc, char **argv) {
     rc = gcd_check_load(&o, &set, err, sizeof err);
     if (!rc) rc = gcd_check_scan(&o, &set, &res, err, sizeof err);
     res.seconds = now() - t0;
+    if (!rc) rc = outputs_not_inputs(&set, no_json ? NULL : json, junit);
     if (rc) {
-        fprintf(stderr, "gradcheck-dist: check: %s\n", err);
+        if (rc != -2) say("check: ", err);
+        rc = rc == -2 ? 2 : rc;
         gcd_run_result_free(&res);
         gcd_check_free(&set);
         free(dumps), free(ignore);
@@ -104,7 +118,8 @@ int check_main(int argc, char **argv) {
     free(text);
     if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
     if (xml[0] && strcmp(xml, "-")) fprintf(out, "junit: %s\n", xml);
-    if (fflush(out) || ferror(out)) code = 3;
+    if (out == stdout && stdout_done("check")) code = 3;
+    if (out == stderr && (fflush(out) || ferror(out) || stream_lost(2))) code = 3;   // the table is lost: stdout holds the document
     cJSON_Delete(doc);
     gcd_run_result_free(&res);
     gcd_check_free(&set);
@@ -132,12 +147,13 @@ int report_main(int argc, char **argv) {
     }
     if (!file) return bad("report", "%s", "missing FILE (a gradcheck-dist JSON report)");
     char err[1024];
+    errno = 0;
     cJSON *doc = gcd_report_load(file, err, sizeof err);
-    if (!doc) return fprintf(stderr, "gradcheck-dist: report: %s\n", err), 2;
+    int memory = errno == ENOMEM;   // more than this machine lets us take: a runtime failure, not bad input
+    if (!doc) return say("report: ", err), memory ? 3 : 2;
     char *text = !strcmp(format, "md") ? gcd_render_md(doc) : !strcmp(format, "junit") ? gcd_render_junit(doc) : gcd_render_text(doc);
-    int ok = fputs(text, stdout) >= 0 && fflush(stdout) == 0 && !ferror(stdout);
+    fputs(text, stdout);
     free(text);
     cJSON_Delete(doc);
-    if (!ok) fprintf(stderr, "gradcheck-dist: report: writing to stdout: %s\n", strerror(errno ? errno : EIO));
-    return ok ? 0 : 3;
+    return stdout_done("report");
 }

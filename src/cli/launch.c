@@ -584,7 +584,7 @@ int launch(const options *o, int argc, char **argv) {
     if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
     else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && code < 0) return 3;   // mpirun itself could not start: said above
-    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return code;
+    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return launcher_streams_code(code);   // (sec: broken streams)
     if (code >= 0) {
         fprintf(stderr, "gradcheck-dist: rank 0 gave exit %d, but the MPI job then failed (%s)\n", code, how);
         return 3;

@@ -83,15 +83,17 @@ int help(FILE *f, const char *cmd) {
     else if (!strcmp(cmd, "check")) fprintf(f, "usage: gradcheck-dist check DUMP...|DIR [options]\n\n%s\n%s", usage_check, usage_tail);
     else if (!strcmp(cmd, "report")) fprintf(f, "usage: gradcheck-dist report FILE|- [--format text|md|junit]\n\n%s", usage_report);
     else return help(f, NULL);
+    if (f == stdout) return stdout_done("--help");
     return fflush(f) || ferror(f) ? 3 : 0;
 }
 int main(int argc, char **argv) {
+    std_fds_guard();
     if (argc < 2) return help(stderr, NULL), 2;
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return help(stdout, argc > 2 ? argv[2] : NULL);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
-        int ok = printf("gradcheck-dist " GCD_VERSION "\nBLAS: %s, linked in\n", gcd_blas_config()) >= 0 && fflush(stdout) == 0;
-        return ok ? 0 : 3;
+        printf("gradcheck-dist " GCD_VERSION "\nBLAS: %s, linked in\n", gcd_blas_config());
+        return stdout_done("--version");
     }
     static const char *const commands[] = { "run", "check", "report", "version", "help", NULL };
     int c = 0;

@@ -23,8 +23,10 @@
 const char *command = "";
 
 int bad(const char *flag, const char *fmt, const char *value) {
+    char *v = gcd_term_str(value ? value : "");   // a hostile path or name never reaches the terminal raw
     fprintf(stderr, "gradcheck-dist: %s: ", flag);
-    fprintf(stderr, fmt, value);
+    fprintf(stderr, fmt, v);
+    free(v);
     fprintf(stderr, " (see gradcheck-dist %s--help)\n", command);
     return 2;
 }
@@ -106,6 +108,13 @@ int report_path_ok(const char *flag, const char *path) {
     if (!strcmp(path, "-")) return 0;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad(flag, "'%s' is a directory", path);
+    char err[PATH_MAX + 256];
+    if (gcd_output_check(flag, path, err, sizeof err) == -2) {   // a link another user planted, a FIFO nobody reads
+        char *e = gcd_term_str(err);
+        fprintf(stderr, "gradcheck-dist: %s\n", e);
+        free(e);
+        return 2;
+    }
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -120,27 +129,10 @@ int report_path_ok(const char *flag, const char *path) {
     return 0;
 }
 
-// --junit PATH: as --json's, and not the same file (or both stdout)
-// a path's directory, resolved, and its last name: two spellings of one new file compare equal
-static int same_place(const char *a, const char *b) {
-    char d[2][PATH_MAX], *r[2];
-    const char *p[2] = { a, b }, *base[2];
-    for (int i = 0; i < 2; i++) {
-        const char *slash = strrchr(p[i], '/');
-        snprintf(d[i], sizeof d[i], "%.*s", slash ? (int)(slash - p[i]) + 1 : 1, slash ? p[i] : ".");
-        base[i] = slash ? slash + 1 : p[i];
-        r[i] = realpath(d[i], NULL);
-    }
-    int same = r[0] && r[1] && !strcmp(r[0], r[1]) && !strcmp(base[0], base[1]);
-    free(r[0]), free(r[1]);
-    return same;
-}
-
+// --junit PATH: as --json's, and not the same file or stream however spelled (-, /dev/stdout,
+// /proc/self/fd/1, a link, a dangling link to the --json path, a hard link)
 int junit_path_ok(const char *junit, const char *json) {
-    struct stat a, b;
-    int same = json && (!strcmp(junit, json) || (stat(junit, &a) == 0 && stat(json, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) ||
-                        (strcmp(junit, "-") && strcmp(json, "-") && same_place(junit, json)));
-    if (same) return bad("--junit", "'%s' is also the --json path: give each its own", junit);
+    if (json && gcd_output_same(junit, json)) return bad("--junit", "'%s' is also the --json path (one file or one stream, however spelled): give each its own", junit);
     return report_path_ok("--junit", junit);
 }
 

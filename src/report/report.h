@@ -50,7 +50,20 @@ int gcd_num_shortest(char buf[32], double v);   // report_io.c: the fewest digit
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
 // The same for any text (the JUnit file): what names it in the message ("--junit: cannot write ...").
 int gcd_text_write(const char *text, const char *what, const char *path, char *err, size_t len);
+// Where a report may go, checked before any work: 0; -2 when refused (a link another user owns or
+// controls the directory of, a directory: bad input); -1 when it cannot be reached. A FIFO is waited
+// for at the write: 10 s for a reader to open it, 60 s for the reader to take each part.
+// The writers walk the path the same way, one name at a time from a directory descriptor.
+int gcd_output_check(const char *what, const char *path, char *err, size_t len);
+// what a path (or "-": stdout) writes into: one file however spelled (links, /dev/stdout, a dangling link)
+typedef struct {
+    unsigned long long dev, ino;   // the file, or for a name not there yet its directory
+    char name[256];                // "" for a file that exists, else the new name in that directory
+} gcd_output_id;
+int gcd_output_identity(const char *path, gcd_output_id *id);   // 0 when it cannot be told
+int gcd_output_same(const char *a, const char *b);               // two outputs that write into one file or stream
 #define GCD_REPORT_MAX_BYTES (1ull << 30)   // a report over 1 GiB is refused before it is read
+#define GCD_REPORT_MAX_TREE 1073741824.0     // nor one whose tree would take over 1 GiB of memory (~13M values)
 // Reads, parses and checks a report (a regular file, or "-" for stdin); NULL with a one-line reason,
 // naming the file and the JSON path of a bad key, in err.
 cJSON *gcd_report_load(const char *path, char *err, size_t len);
@@ -62,6 +75,9 @@ double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf",
 const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 
 // ----------------------------------------------------------------------------
+// The renderings' view of doc: doc itself, or (*copy, to be freed) a copy whose strings are escaped
+// for a terminal (report_io.c); every rendering reads only this
+const cJSON *gcd_report_safe(const cJSON *doc, cJSON **copy);
 // renderings: malloc'd text
 
 char *gcd_render_text(const cJSON *doc);    // report_text.c, as wide as gcd_text_width(stdout)

@@ -4,7 +4,13 @@
  * (bounded, every key the renderings read validated, with the JSON path of a bad one). No probe, no
  * check, no MPI: the fuzz target links this file and the renderings alone.
  */
+#define _GNU_SOURCE   // fopencookie
 #include <dirent.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/statfs.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -67,17 +73,24 @@ static void print_num(gcd_sb *b, double v) {
     gcd_sb_append(b, buf, (size_t)gcd_num_shortest(buf, v));
 }
 
+// a JSON string of valid UTF-8: controls escaped, bytes that are not UTF-8 (a file name from a
+// non-UTF-8 locale) replaced by U+FFFD
 static void print_str(gcd_sb *b, const char *s) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
     gcd_sb_append(b, "\"", 1);
-    for (const char *p = s; *p; p++) {
-        size_t k = strcspn(p, "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f");
-        gcd_sb_append(b, p, k);
-        p += k;
-        if (!*p) break;
-        if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
+    while (p < end) {
+        const unsigned char *q = p;
+        while (q < end && *q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\') q++;   // the plain run
+        gcd_sb_append(b, p, (size_t)(q - p));
+        if ((p = q) >= end) break;
+        size_t k = *p < 0x80 ? 1 : gcd_utf8_char(p, (size_t)(end - p));
+        if (!k) gcd_sb_append(b, "\\ufffd", 6), k = 1;
+        else if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
         else if (*p == '\n') gcd_sb_printf(b, "\\n");
         else if (*p == '\t') gcd_sb_printf(b, "\\t");
-        else gcd_sb_printf(b, "\\u%04x", (unsigned char)*p);
+        else if (*p < 0x20) gcd_sb_printf(b, "\\u%04x", *p);
+        else gcd_sb_append(b, p, k);
+        p += k;
     }
     gcd_sb_append(b, "\"", 1);
 }
@@ -126,39 +139,272 @@ static int print_to(const cJSON *doc, FILE *f) {
 }
 
 // ----------------------------------------------------------------------------
-// writing: whole or not at all
+// the renderings' view of a report: every string value as a terminal may show it (gcd_sb_term), so that
+// no name or message can start a line, move a cursor or break a document; keys are only looked up
 
-// Straight into what is at path: a device, a FIFO, stdout. ENOSPC and short writes are errors.
-static int emit(const cJSON *doc, const char *text, FILE *f) { return doc ? print_to(doc, f) : fputs(text, f) >= 0; }
-
-static int write_direct(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "w") : stdout;
-    int ok = f && emit(doc, text, f) && fflush(f) == 0;
-    int saved = errno;
-    if (f && f != stdout) ok &= fclose(f) == 0;
-    if (!ok) snprintf(err, len, "%s: cannot write %s: %s", what, strcmp(path, "-") ? path : "to stdout", strerror(saved ? saved : EIO));
-    return ok ? 0 : -1;
+static int any_unsafe(const cJSON *v) {
+    for (; v; v = v->next) {
+        if (cJSON_IsString(v) && v->valuestring && gcd_term_needs(v->valuestring)) return 1;
+        if (v->child && any_unsafe(v->child)) return 1;
+    }
+    return 0;
 }
 
-// A writer killed mid-write leaves PATH.tmp.XXXXXX: the next write of PATH removes those over an hour
-// old (exactly that name pattern, never anything else, never a fresh one: it may be another writer's).
-static void remove_stale_temporaries(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
-    const char *base = slash ? slash + 1 : path;
-    size_t nb = strlen(base);
-    DIR *d = opendir(dir);
+static void make_safe(cJSON *v) {
+    for (; v; v = v->next) {
+        if (cJSON_IsString(v) && v->valuestring && gcd_term_needs(v->valuestring)) {
+            char *t = gcd_term_str(v->valuestring);
+            cJSON_free(v->valuestring);
+            v->valuestring = cJSON_malloc(strlen(t) + 1);
+            mallocCheck(v->valuestring);
+            memcpy(v->valuestring, t, strlen(t) + 1);
+            free(t);
+        }
+        if (v->child) make_safe(v->child);
+    }
+}
+
+const cJSON *gcd_report_safe(const cJSON *doc, cJSON **copy) {
+    *copy = NULL;
+    if (!doc || !any_unsafe(doc->child)) return doc;   // the usual case: nothing copied
+    *copy = cJSON_Duplicate(doc, 1);
+    mallocCheck(*copy);
+    make_safe((*copy)->child);
+    return *copy;
+}
+
+// ----------------------------------------------------------------------------
+// where a report goes: the path walked one name at a time from a directory descriptor, so that what is
+// checked is what is written. A link is followed only when nobody else could have planted it: owned by
+// this user or root, in a directory no other user controls (the kernel's protected_symlinks rule, made
+// to hold in every directory: root never follows a link another user placed into a file root owns).
+
+typedef struct {
+    int dirfd;                 // the directory the last name is in
+    char base[NAME_MAX + 1];   // the last name
+    int magic;                 // a /proc fd link (/dev/stdout, /dev/fd/N): only the kernel can follow it
+    int exists;                // base is there (lstat'ed into st)
+    struct stat st;
+} place;
+
+// another user can add, remove or swap names in directory d
+static int others_control(const struct stat *d) {
+    uid_t me = geteuid();
+    return (d->st_uid != me && d->st_uid != 0) || ((d->st_mode & (S_IWGRP | S_IWOTH)) && !(d->st_mode & S_ISVTX));
+}
+
+static int on_procfs(int fd) {
+    struct statfs s;
+    return fstatfs(fd, &s) == 0 && s.f_type == PROC_SUPER_MAGIC;
+}
+
+static int failed(char *err, size_t len, const char *what, const char *path, int e) {
+    snprintf(err, len, "%s: cannot write %s: %s", what, path, strerror(e ? e : EIO));
+    return -1;
+}
+
+// Walks path to its last name. 0: *out (the caller closes out->dirfd); -2: refused (a link someone else
+// controls: bad input); -1: failed. err names the path as it was given.
+static int walk(const char *what, const char *path, place *out, char *err, size_t len) {
+    char rest[PATH_MAX * 2 + 2], name[NAME_MAX + 1] = "";
+    if (strlen(path) >= PATH_MAX) return failed(err, len, what, path, ENAMETOOLONG);
+    snprintf(rest, sizeof rest, "%s", path);
+    *out = (place){ .dirfd = -1 };
+    int fd = open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC), hops = 0;
+    if (fd < 0) return failed(err, len, what, path, errno);
+    const char *p = rest;
+    for (;;) {
+        while (*p == '/') p++;
+        size_t n = strcspn(p, "/");
+        int last = !p[n + strspn(p + n, "/")];
+        if (!n) {
+            close(fd);
+            snprintf(err, len, "%s: %s is a directory", what, path);
+            return -2;
+        }
+        if (n > NAME_MAX) return close(fd), failed(err, len, what, path, ENAMETOOLONG);
+        memcpy(name, p, n), name[n] = 0;
+        p += n;
+        struct stat ln, dir;
+        if (fstatat(fd, name, &ln, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno == ENOENT && last) break;   // a new file
+            int e = errno;
+            return close(fd), failed(err, len, what, path, e);
+        }
+        if (S_ISLNK(ln.st_mode)) {
+            int theirs = ln.st_uid != geteuid() && ln.st_uid != 0;
+            if (fstat(fd, &dir) != 0 || theirs || others_control(&dir)) {
+                close(fd);
+                snprintf(err, len, "%s: %s: '%s' is a link %s (uid %u): not followed; give the path it points to", what, path, name,
+                         theirs ? "another user owns" : "in a directory another user controls", (unsigned)(theirs ? ln.st_uid : dir.st_uid));
+                return -2;
+            }
+            if (last && on_procfs(fd)) {   // /proc/self/fd/1 reads "pipe:[123]": opened as it is
+                out->magic = 1;
+                break;
+            }
+            char target[PATH_MAX], tail[PATH_MAX * 2 + 2];
+            ssize_t k = readlinkat(fd, name, target, sizeof target - 1);
+            if (k <= 0 || ++hops > 40 || (size_t)k + strlen(p) + 1 >= sizeof rest) {
+                int e = k <= 0 ? errno : ELOOP;
+                return close(fd), failed(err, len, what, path, e);
+            }
+            target[k] = 0;
+            size_t nt = strlen(p);
+            memcpy(tail, p, nt + 1);
+            memcpy(rest, target, (size_t)k), memcpy(rest + k, tail, nt + 1);
+            p = rest;
+            if (target[0] == '/') {
+                close(fd);
+                if ((fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return failed(err, len, what, path, errno);
+            }
+            continue;
+        }
+        if (last && !S_ISDIR(ln.st_mode)) {
+            out->exists = 1, out->st = ln;
+            break;
+        }
+        if (last) {
+            close(fd);
+            snprintf(err, len, "%s: %s is a directory", what, path);
+            return -2;
+        }
+        int next = openat(fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (next < 0) {
+            int e = errno;
+            close(fd);
+            if (e != ELOOP) return failed(err, len, what, path, e);
+            snprintf(err, len, "%s: %s: '%s' became a link while it was opened: not followed", what, path, name);
+            return -2;
+        }
+        close(fd);
+        fd = next;
+    }
+    out->dirfd = fd;
+    memcpy(out->base, name, sizeof name);
+    return 0;
+}
+
+int gcd_output_check(const char *what, const char *path, char *err, size_t len) {
+    if (!strcmp(path, "-")) return 0;
+    place pl;
+    int rc = walk(what, path, &pl, err, len);
+    if (rc) return rc;   // a FIFO is not opened here: a reader would take our close for the end of the report
+    close(pl.dirfd);
+    return rc;
+}
+
+// where path ends up: the same (st_dev, st_ino) for what exists, the directory's and the last name's for
+// what does not yet; "-" is stdout. 0 when it cannot be told (the writer reports that)
+int gcd_output_identity(const char *path, gcd_output_id *id) {
+    *id = (gcd_output_id){ 0 };
+    struct stat st;
+    if (!strcmp(path, "-")) {
+        if (fstat(1, &st)) return 0;
+        return id->dev = st.st_dev, id->ino = st.st_ino, 1;
+    }
+    place pl;
+    char err[64];
+    if (walk("", path, &pl, err, sizeof err)) return 0;
+    int ok = pl.magic ? fstatat(pl.dirfd, pl.base, &st, 0) == 0 : pl.exists ? 1 : fstat(pl.dirfd, &st) == 0;
+    if (pl.exists && !pl.magic) st = pl.st;
+    if (ok) id->dev = st.st_dev, id->ino = st.st_ino;
+    if (ok && !pl.exists && !pl.magic) snprintf(id->name, sizeof id->name, "%s", pl.base);   // not there yet: the directory and the name
+    close(pl.dirfd);
+    return ok;
+}
+
+int gcd_output_same(const char *a, const char *b) {
+    gcd_output_id x, y;
+    if (!strcmp(a, b)) return 1;
+    if (!gcd_output_identity(a, &x) || !gcd_output_identity(b, &y)) return 0;
+    return x.dev == y.dev && x.ino == y.ino && !strcmp(x.name, y.name);
+}
+
+// ----------------------------------------------------------------------------
+// writing: whole or not at all
+
+#define WAIT_FOR_READER_MS 60000   // a pipe or FIFO whose reader takes nothing for this long: the write fails
+#define WAIT_FOR_OPEN_MS 10000     // a FIFO that nobody opens for reading for this long: the same
+
+// writes to fd; a pipe's reader that stalls for a minute ends the write (the fd is non-blocking)
+typedef struct { int fd; } sink;
+
+static ssize_t sink_write(void *c, const char *buf, size_t n) {
+    sink *s = c;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(s->fd, buf + done, n - done);
+        if (k > 0) { done += (size_t)k; continue; }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN) {
+            struct pollfd pf = { s->fd, POLLOUT, 0 };
+            int r = poll(&pf, 1, WAIT_FOR_READER_MS);
+            if (r > 0 && !(pf.revents & (POLLERR | POLLHUP))) continue;
+            errno = r == 0 ? ETIMEDOUT : pf.revents & POLLHUP ? EPIPE : EIO;
+        }
+        return done ? (ssize_t)done : -1;
+    }
+    return (ssize_t)done;
+}
+
+static int sink_close(void *c) {
+    (void)c;
+    return 0;
+}
+
+// Straight into an open descriptor: stdout, a device, a FIFO, a /proc fd link. ENOSPC, short writes
+// and a reader that stalls are errors.
+static int emit(const cJSON *doc, const char *text, FILE *f) { return doc ? print_to(doc, f) : !text || fputs(text, f) >= 0; }
+
+static int write_fd(const cJSON *doc, const char *text, int fd) {
+    sink s = { fd };
+    FILE *f = fopencookie(&s, "w", (cookie_io_functions_t){ .write = sink_write, .close = sink_close });
+    if (!f) return 0;
+    errno = 0;
+    int ok = emit(doc, text, f) && fflush(f) == 0;
+    int saved = errno;
+    ok &= fclose(f) == 0;
+    errno = saved;
+    return ok;
+}
+
+static int write_stdout(const cJSON *doc, const char *text) {
+    errno = 0;
+    int ok = emit(doc, text, stdout) && fflush(stdout) == 0 && !ferror(stdout);
+    if (!ok && !errno) errno = EIO;
+    return ok;
+}
+
+// A writer killed mid-write leaves NAME.tmp.XXXXXX: the next write of NAME removes those over an hour
+// old (exactly that name pattern, regular files only, never a fresh one: it may be another writer's)
+static void remove_stale_temporaries(int dirfd, const char *stem) {
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd < 0 ? NULL : fdopendir(fd);
+    if (!d && fd >= 0) close(fd);
+    size_t nb = strlen(stem);
     struct dirent *e;
     while (d && (e = readdir(d))) {
         const char *n = e->d_name;
-        if (strncmp(n, base, nb) || strncmp(n + nb, ".tmp.", 5) || strlen(n + nb + 5) != 6) continue;
-        char full[PATH_MAX * 2];
         struct stat st;
-        snprintf(full, sizeof full, "%s/%s", dir, n);
-        if (lstat(full, &st) == 0 && S_ISREG(st.st_mode) && time(NULL) - st.st_mtime > 3600) unlink(full);
+        if (strncmp(n, stem, nb) || strncmp(n + nb, ".tmp.", 5) || strlen(n + nb + 5) != 6) continue;
+        if (fstatat(dirfd, n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && time(NULL) - st.st_mtime > 3600) unlinkat(dirfd, n, 0);
     }
     if (d) closedir(d);
+}
+
+// a new temporary beside base, created by this process alone (O_EXCL, no link followed), 0600
+static int make_temporary(int dirfd, const char *stem, char *tmp, size_t len) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    for (int tries = 0; tries < 100; tries++) {
+        unsigned char r[6];
+        if (getrandom(r, sizeof r, 0) != sizeof r)
+            for (int i = 0; i < 6; i++) r[i] = (unsigned char)(rand() ^ getpid() ^ (int)time(NULL));
+        snprintf(tmp, len, "%s.tmp.%c%c%c%c%c%c", stem, abc[r[0] % 62], abc[r[1] % 62], abc[r[2] % 62], abc[r[3] % 62], abc[r[4] % 62], abc[r[5] % 62]);
+        int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
 }
 
 static int write_file(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len);
@@ -171,51 +417,46 @@ int gcd_text_write(const char *text, const char *what, const char *path, char *e
     return write_file(NULL, text, what, path, err, len);
 }
 
-// doc printed, or text as it is, into path: whole or not at all
+// doc printed, or text as it is, into path: whole or not at all. 0, -1 failed, -2 refused (err says why)
 static int write_file(const cJSON *doc, const char *text, const char *what, const char *path, char *err, size_t len) {
-    struct stat st;
-    char *real = NULL;
-    if (strcmp(path, "-") && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {   // a link: its target is what is replaced
-        real = realpath(path, NULL);
-        if (!real && errno == ENOENT) {   // dangling: the target is created, in its own directory
-            char target[PATH_MAX];
-            ssize_t k = readlink(path, target, sizeof target - 1);
-            if (k > 0) {
-                target[k] = 0;
-                if (target[0] == '/' || !strchr(path, '/')) real = gcd_strdup(target);
-                else {
-                    real = gcd_malloc(strlen(path) + (size_t)k + 2);
-                    sprintf(real, "%.*s/%s", (int)(strrchr(path, '/') - path), path, target);
-                }
-            }
+    if (!strcmp(path, "-")) return write_stdout(doc, text) ? 0 : failed(err, len, what, "to stdout", errno);
+    place pl;
+    int rc = walk(what, path, &pl, err, len);
+    if (rc) return rc;
+    if (pl.magic || (pl.exists && !S_ISREG(pl.st.st_mode))) {   // a device, a FIFO, stdout: never replaced, never removed
+        int fd, waited = 0;   // a FIFO nobody opens for reading within WAIT_FOR_OPEN_MS: the write fails
+        while ((fd = openat(pl.dirfd, pl.base, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (pl.magic ? O_APPEND : O_NOFOLLOW))) < 0 &&
+               errno == ENXIO && waited < WAIT_FOR_OPEN_MS)
+            poll(NULL, 0, 100), waited += 100;
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && !pl.magic) {   // swapped for a file since: replaced as one, below
+            close(fd);
+            pl.exists = 1, pl.st = st;
+        } else {
+            int ok = fd >= 0 && write_fd(doc, text, fd), e = errno;
+            if (fd >= 0) ok &= close(fd) == 0;
+            close(pl.dirfd);
+            if (fd < 0 && e == ENXIO) return snprintf(err, len, "%s: cannot write %s: a FIFO that nobody opened for reading in %d s", what, path, WAIT_FOR_OPEN_MS / 1000), -1;
+            return ok ? 0 : failed(err, len, what, path, e);
         }
-        if (real) path = real;
     }
-    if (!strcmp(path, "-") || (stat(path, &st) == 0 && !S_ISREG(st.st_mode))) {   // never renamed over, never removed
-        int rc = S_ISDIR(st.st_mode) && strcmp(path, "-") ? (snprintf(err, len, "%s: %s is a directory", what, path), -1) : write_direct(doc, text, what, path, err, len);
-        free(real);
-        return rc;
-    }
-    remove_stale_temporaries(path);
-    char *tmp = malloc(strlen(path) + 16);
-    mallocCheck(tmp);
-    sprintf(tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
-    int ok = f && emit(doc, text, f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int saved = errno;
-    if (f) ok &= fclose(f) == 0;
-    else if (fd >= 0) close(fd);
+    char stem[NAME_MAX + 1], tmp[NAME_MAX + 1];
+    snprintf(stem, sizeof stem, "%.*s", NAME_MAX - 11, pl.base);   // a 255-byte name still has a temporary
+    remove_stale_temporaries(pl.dirfd, stem);
+    int fd = make_temporary(pl.dirfd, stem, tmp, sizeof tmp);
+    if (fd < 0) return rc = errno, close(pl.dirfd), failed(err, len, what, path, rc);
     mode_t mask = umask(0);
     umask(mask);
-    if (ok) chmod(tmp, 0666 & ~mask);   // mkstemp makes 0600; a report is as any new file here
-    if (ok && rename(tmp, path) != 0) ok = 0, saved = errno;
-    if (!ok) {
-        snprintf(err, len, "%s: cannot write %s: %s", what, path, strerror(saved ? saved : EIO));
-        if (fd >= 0) unlink(tmp);
-    }
-    free(tmp), free(real);
-    return ok ? 0 : -1;
+    FILE *f = fdopen(fd, "w");
+    errno = 0;
+    int ok = f && emit(doc, text, f) && fflush(f) == 0 && fchmod(fd, 0666 & ~mask) == 0 && fsync(fd) == 0;   // a report is as any new file here
+    int saved = errno;
+    if (f) ok &= fclose(f) == 0;
+    else close(fd);
+    if (ok && renameat(pl.dirfd, tmp, pl.dirfd, pl.base) != 0) ok = 0, saved = errno;
+    if (!ok) unlinkat(pl.dirfd, tmp, 0);
+    close(pl.dirfd);
+    return ok ? 0 : failed(err, len, what, path, saved);
 }
 
 // ----------------------------------------------------------------------------
@@ -379,6 +620,13 @@ static int doc_ok(why *w, const cJSON *doc) {
           whole(w, key(doc, "environment"), "environment", "world", 1, 65536, 0)))
         return 0;
     int world = (int)key(key(doc, "environment"), "world")->valuedouble, i = 0;
+    static const char *const lists[] = { "hostnames", "devices" };   // one per rank at most: the renderings count them
+    for (int k = 0; k < 2; k++) {
+        const cJSON *l = key(key(doc, "environment"), lists[k]), *x;
+        if (!l || cJSON_IsNull(l)) continue;
+        if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) > world) return bad(w, "environment", lists[k], "not an array of at most one string per rank (environment.world)");
+        cJSON_ArrayForEach(x, l) if (!cJSON_IsString(x)) return bad(w, "environment", lists[k], "holds something that is not a string");
+    }
     const cJSON *run, *e, *setups = key(doc, "setups");
     if (setups && !cJSON_IsArray(setups)) return bad(w, "", "setups", "not an array");
     cJSON_ArrayForEach(e, setups) {
@@ -410,8 +658,56 @@ static void *watched_malloc(size_t n) {
     return p;
 }
 
+// What the tree of buf costs: one cJSON node (64 bytes, 80 with malloc's header) per value, and the
+// text of every string and key once more. A report of "0," x N costs 40 times its size.
+static double tree_bytes(const char *buf, size_t n, double *values) {
+    double v = 1;
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = buf[i];
+        if (in_string) {
+            if (c == '\\') i++;
+            else if (c == '"') in_string = 0;
+        } else if (c == '"') in_string = 1;
+        else if (c == ',' || c == '[' || c == '{') v++;
+    }
+    *values = v;
+    return v * 80.0 + (double)n;
+}
+
+// the memory this process may still take: the cgroup's limit less its use, the address-space limit,
+// the machine's available memory; the least of them (bytes, or INFINITY when none is known)
+static double memory_left(void) {
+    double left = INFINITY;
+    char line[256];
+    unsigned long long a, b;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f && fscanf(f, "%llu", &a) == 1) {
+        FILE *g = fopen("/sys/fs/cgroup/memory.current", "r");
+        if (g && fscanf(g, "%llu", &b) == 1) left = a > b ? (double)(a - b) : 0;
+        if (g) fclose(g);
+    }
+    if (f) fclose(f);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (double)rl.rlim_cur < left) left = (double)rl.rlim_cur;
+    if ((f = fopen("/proc/meminfo", "r"))) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &a) == 1 && a * 1024.0 < left) left = a * 1024.0;
+        fclose(f);
+    }
+    return left;
+}
+
 cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len) {
     if (!n || memchr(buf, 0, n)) return snprintf(err, len, "%s: not a gradcheck-dist report (empty or binary)", name), NULL;
+    double values, cost = tree_bytes(buf, n, &values), left = memory_left();
+    if (cost > GCD_REPORT_MAX_TREE || cost > left) {   // refused before a byte of the tree is built
+        snprintf(err, len, "%s: %.0f JSON values: reading it would take about %.1f GB of memory, over the %.1f GB %s", name, values, cost / 1e9,
+                 (cost > GCD_REPORT_MAX_TREE ? GCD_REPORT_MAX_TREE : left) / 1e9,
+                 cost > GCD_REPORT_MAX_TREE ? "a report may take (write a large one with --summary-only, or without --full)" : "this process may still use here");
+        errno = cost > GCD_REPORT_MAX_TREE ? EFBIG : ENOMEM;
+        return NULL;
+    }
     cJSON_Hooks hooks = { watched_malloc, free };
     cJSON_InitHooks(&hooks);
     oom = 0;
@@ -419,7 +715,7 @@ cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, 
     cJSON *doc = cJSON_ParseWithLengthOpts(buf, n, &end, 0);
     if (!doc) {
         size_t at = end ? (size_t)(end - buf) : 0;
-        if (oom) snprintf(err, len, "%s: out of memory reading it (%zu bytes)", name, n);
+        if (oom) snprintf(err, len, "%s: out of memory reading it (%zu bytes)", name, n), errno = ENOMEM;
         else snprintf(err, len, "%s: not valid JSON (%s at byte %zu of %zu)", name, at >= n ? "ends early: truncated?" : "syntax error", at, n);
         return NULL;
     }
@@ -467,6 +763,8 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len) {
     if (rc == EFBIG) snprintf(err, len, "%s: over the %llu bytes a report may have", path, (unsigned long long)GCD_REPORT_MAX_BYTES);
     else if (rc) snprintf(err, len, "%s: read error: %s", path, strerror(rc));
     else doc = gcd_report_parse(b.s ? b.s : "", b.len, path, err, len);
+    int saved = errno;   // ENOMEM: the machine's limit, not the file's fault
     gcd_sb_free(&b);
+    errno = saved;
     return doc;
 }

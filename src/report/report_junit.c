@@ -17,12 +17,13 @@
 #include "report_render.h"
 
 // XML text and attribute values: the five entities escaped, control characters dropped (XML 1.0 has no
-// way to say them), invalid UTF-8 replaced by U+FFFD
+// way to say them), invalid UTF-8 and the noncharacters U+FFFE, U+FFFF replaced by U+FFFD
 static void xml(gcd_sb *b, const char *str) {
     const unsigned char *s = (const unsigned char *)str, *end = s + strlen(str);
     while (*s) {
         size_t k = gcd_utf8_char(s, (size_t)(end - s));
         if (!k) { gcd_sb_printf(b, "\xef\xbf\xbd"); s++; continue; }
+        if (k == 3 && s[0] == 0xef && s[1] == 0xbf && s[2] >= 0xbe) { gcd_sb_printf(b, "\xef\xbf\xbd"); s += 3; continue; }   // U+FFFE, U+FFFF: not XML characters
         switch (*s) {
         case '&': gcd_sb_printf(b, "&amp;"); break;
         case '<': gcd_sb_printf(b, "&lt;"); break;
@@ -85,7 +86,7 @@ static int testcase(gcd_sb *b, const cJSON *run, const cJSON *e) {
     return !met;
 }
 
-char *gcd_render_junit(const cJSON *doc) {
+static char *render_junit(const cJSON *doc) {
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment");
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs"), *exps = cJSON_GetObjectItemCaseSensitive(doc, "expectations");
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
@@ -136,4 +137,12 @@ char *gcd_render_junit(const cJSON *doc) {
     gcd_sb_printf(&b, "</testsuites>\n");
     gcd_sb_free(&suites);
     return b.s;
+}
+
+// the strings as a terminal shows them (an ESC in a name is \\e in a CI log too), then as XML text
+char *gcd_render_junit(const cJSON *doc) {
+    cJSON *copy;
+    char *text = render_junit(gcd_report_safe(doc, &copy));
+    cJSON_Delete(copy);
+    return text;
 }

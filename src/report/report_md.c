@@ -25,16 +25,43 @@ static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
 // ----------------------------------------------------------------------------
 // text in Markdown
 
-// at most max bytes of s (whole UTF-8 characters, "..." when cut); "|" would end a table cell and a
-// newline the cell or list item; runs of blanks (the text table's padding) become one
+// at most max bytes of s (whole UTF-8 characters, "..." when cut) as Markdown text that shows s and
+// nothing else: what could open markup (code, emphasis, a link, raw HTML, a table cell's end) is
+// backslash-escaped, a '_' too unless it sits inside a word (fc1_weight); newlines and control
+// characters never reach here (gcd_report_safe); runs of blanks (the text table's padding) become one
+static int word_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
 static void cell_max(gcd_sb *b, const char *s, size_t max) {
     size_t n = 0;
     for (const char *p = s; *p; p++, n++) {
         if (n >= max && ((unsigned char)*p & 0xc0) != 0x80) return gcd_sb_printf(b, "...");
         if (*p == ' ' && (p[1] == ' ' || p[1] == 0)) continue;
-        if (*p == '|') gcd_sb_printf(b, "\\|");
+        if (strchr("\\`*[]<>|~&#!", *p) || (*p == '_' && !(p > s && word_char(p[-1]) && word_char(p[1]))))
+            gcd_sb_printf(b, "\\%c", *p);
         else gcd_sb_printf(b, "%c", *p == '\n' || *p == '\r' ? ' ' : *p);
     }
+}
+// the same inside a code block (a comment of the script): only cut, newlines as blanks
+static void code_max(gcd_sb *b, const char *s, size_t max) {
+    size_t n = 0;
+    for (const char *p = s; *p; p++, n++) {
+        if (n >= max && ((unsigned char)*p & 0xc0) != 0x80) return gcd_sb_printf(b, "...");
+        gcd_sb_printf(b, "%c", (unsigned char)*p < 0x20 || *p == 0x7f ? ' ' : *p);
+    }
+}
+static void md(gcd_sb *b, const char *s) { cell_max(b, s, 500); }
+// at most max bytes of s as a code span: fenced by one backtick more than its longest run of them,
+// so that nothing in it can end the span; inside, Markdown and HTML are plain text
+static void code_span(gcd_sb *b, const char *s, size_t max) {
+    int longest = 0, run = 0;
+    for (const char *p = s; *p; p++) run = *p == '`' ? run + 1 : 0, longest = run > longest ? run : longest;
+    size_t n = strlen(s);
+    int pad = n && (s[0] == '`' || s[n - 1] == '`');
+    for (int i = 0; i <= longest; i++) gcd_sb_append(b, "`", 1);
+    if (pad) gcd_sb_append(b, " ", 1);
+    code_max(b, s, max);
+    if (pad) gcd_sb_append(b, " ", 1);
+    for (int i = 0; i <= longest; i++) gcd_sb_append(b, "`", 1);
 }
 static void cell(gcd_sb *b, const char *s) { cell_max(b, s, 500); }
 
@@ -62,11 +89,21 @@ static void py_num(gcd_sb *b, double v) {
 // a Python string literal: quotes, backslashes and control characters escaped, so that no name in a
 // report can end the string and put code into the script
 static void py_str(gcd_sb *b, const char *s) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
     gcd_sb_printf(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
+    while (p < end) {
+        size_t k = gcd_utf8_char(p, (size_t)(end - p));
+        if (!k) gcd_sb_printf(b, "\\ufffd"), k = 1;   // not UTF-8: not a character Python could name either
+        else if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
         else if (*p < 0x20 || *p == 0x7f) gcd_sb_printf(b, "\\x%02x", *p);
-        else gcd_sb_printf(b, "%c", *p);
+        else if (gcd_term_needs_char(p, k)) {   // C1, bidi overrides, separators: escaped, never shown raw
+            char one[8];
+            memcpy(one, p, k), one[k] = 0;
+            char *e = gcd_term_str(one);
+            gcd_sb_printf(b, "%s", e);
+            free(e);
+        } else gcd_sb_append(b, p, k);
+        p += k;
     }
     gcd_sb_printf(b, "\"");
 }
@@ -76,14 +113,21 @@ static void py_str(gcd_sb *b, const char *s) {
 
 // the library's first name for a mode: "Lightning all_gather(sync_grads=False)" of "Lightning
 // all_gather(sync_grads=False), also in ...; torchmetrics ..." (cut at ',' ';' or ' =' outside brackets)
-static void library(gcd_sb *b, const cJSON *run) {
+static void library(gcd_sb *b, const cJSON *run, int code) {
     const char *s = gcd_jstr(run, "library"), *p = s;
     int depth = 0;
     for (; *p && (depth || !(*p == ',' || *p == ';' || (*p == ' ' && p[1] == '='))); p++) depth += (*p == '(') - (*p == ')');
-    if (p == s) return gcd_sb_printf(b, "gather mode %s", or_dash(gcd_jstr(run, "mode")));
+    if (p == s) {
+        char *mode = gcd_term_str(or_dash(gcd_jstr(run, "mode")));
+        gcd_sb_printf(b, "gather mode "), (code ? code_max : cell_max)(b, mode, 40);
+        free(mode);
+        return;
+    }
     char *clause = gcd_strdup(s);   // through cell: no newline ends the title or the script's comment
     clause[p - s] = 0;
-    cell_max(b, clause, 160);
+    char *shown = code ? gcd_term_str(clause) : NULL;   // the script reads the raw report: its comment shows it as a terminal would
+    (code ? code_max : cell_max)(b, code ? shown : clause, 160);
+    free(shown);
     free(clause);
 }
 
@@ -94,7 +138,7 @@ static int starts_with(const char *s, const char *prefix, size_t n) { return !st
 // Returns how many items and names more.
 static int names(gcd_sb *b, const cJSON *run, const cJSON *list) {
     const cJSON *a, *p, *q, *params = cJSON_GetObjectItemCaseSensitive(run, "params");
-    int items = 0, covered = 0, i = 0, n = cJSON_GetArraySize(list);
+    int items = 0, covered = 0, i = 0, n = cJSON_GetArraySize(list), star = 0;
     cJSON_ArrayForEach(a, list) {
         if (items == 4 || i++ == 64) break;
         const char *s = cJSON_IsString(a) ? a->valuestring : "?", *dot = strchr(s, '.');
@@ -108,8 +152,14 @@ static int names(gcd_sb *b, const cJSON *run, const cJSON *list) {
         }
         int group = dot && in_list >= 3 && in_list == in_run;
         if (group && seen) continue;   // written already
+        if (star) b->len--, gcd_sb_printf(b, "\\*");   // "visual.*, text": a '*' before ',' could open emphasis; before ' ' or the end it cannot
         gcd_sb_printf(b, "%s", items++ ? ", " : "");
-        if (group) gcd_sb_printf(b, "%.*s.*", (int)(k > 80 ? 80 : k), s);
+        if ((star = group)) {
+            char prefix[84];
+            snprintf(prefix, sizeof prefix, "%.*s", (int)(k > 80 ? 80 : k), s);
+            cell_max(b, prefix, 80);
+            gcd_sb_printf(b, ".*");
+        }
         else cell_max(b, s, 80);
         covered += group ? in_list : 1;
     }
@@ -166,7 +216,7 @@ static void title(gcd_sb *b, const cJSON *doc, const cJSON *run, const cJSON *f)
         finding_words(b, run, f);
         gcd_sb_printf(b, " (check of dumps)");
     } else if (f) {
-        library(b, run);
+        library(b, run, 0);
         gcd_sb_printf(b, ": ");
         finding_words(b, run, f);
     } else {
@@ -178,7 +228,7 @@ static void title(gcd_sb *b, const cJSON *doc, const cJSON *run, const cJSON *f)
         if (!unmet && is_check(doc)) gcd_sb_printf(b, "No gradient finding at world %d (check of dumps)", gcd_jint(run, "world"));
         else if (!unmet) {
             gcd_sb_printf(b, "No gradient finding under ");
-            library(b, run);
+            library(b, run, 0);
             gcd_sb_printf(b, " at world %d (%d of %d expectations met)", gcd_jint(run, "world"), n, n);
         }
     }
@@ -188,53 +238,67 @@ static void title(gcd_sb *b, const cJSON *doc, const cJSON *run, const cJSON *f)
 // ----------------------------------------------------------------------------
 // environment
 
-// "vm x4, gpu1 x2": each distinct string once with its count, at most 8
+// "vm x4, gpu1 x2": each distinct string once with its count, at most 8, in the order they first
+// appear; sorted, not compared pairwise (100k host names)
+typedef struct {
+    const char *s;
+    int at;
+} named;
+
+static int by_name(const void *a, const void *b) {
+    const named *x = a, *y = b;
+    int c = strcmp(x->s, y->s);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+static int by_first(const void *a, const void *b) { return (((const named *)a)->at > ((const named *)b)->at) - (((const named *)a)->at < ((const named *)b)->at); }
+
 static void distinct(gcd_sb *b, const cJSON *list) {
-    const cJSON *h, *g;
-    int shown = 0, i = 0, more = 0;
-    cJSON_ArrayForEach(h, list) {
-        const char *s = cJSON_IsString(h) ? h->valuestring : "?";
-        int count = 0, j = 0, earlier = 0;
-        cJSON_ArrayForEach(g, list) {
-            const char *t = cJSON_IsString(g) ? g->valuestring : "?";
-            if (!strcmp(s, t)) count++, earlier |= j < i;
-            j++;
-        }
-        i++;
-        if (earlier) continue;
-        if (shown == 8) { more++; continue; }
-        gcd_sb_printf(b, "%s", shown++ ? ", " : "");
-        cell_max(b, s, 80);
-        if (count > 1) gcd_sb_printf(b, " x%d", count);
+    int n = cJSON_GetArraySize(list), i = 0, groups = 0;
+    if (n <= 0) return;
+    named *all = gcd_malloc((size_t)n * sizeof *all), *first = gcd_malloc((size_t)n * sizeof *first);
+    int *count = gcd_malloc((size_t)n * sizeof *count);
+    const cJSON *h;
+    cJSON_ArrayForEach(h, list) all[i] = (named){ cJSON_IsString(h) ? h->valuestring : "?", i }, i++;
+    qsort(all, (size_t)n, sizeof *all, by_name);
+    for (int k = 0; k < n; k++) {
+        if (!k || strcmp(all[k].s, all[k - 1].s)) first[groups] = all[k], count[all[k].at] = 0, groups++;
+        count[first[groups - 1].at]++;
     }
-    if (more) gcd_sb_printf(b, " and %d more", more);
+    qsort(first, (size_t)groups, sizeof *first, by_first);
+    for (int g = 0; g < groups && g < 8; g++) {
+        gcd_sb_printf(b, "%s", g ? ", " : "");
+        cell_max(b, first[g].s, 80);
+        if (count[first[g].at] > 1) gcd_sb_printf(b, " x%d", count[first[g].at]);
+    }
+    if (groups > 8) gcd_sb_printf(b, " and %d more", groups - 8);
+    free(all), free(first), free(count);
 }
 
 static void environment(gcd_sb *b, const cJSON *doc) {
     const cJSON *env = cJSON_GetObjectItemCaseSensitive(doc, "environment"), *r0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(doc, "runs"), 0);
-    gcd_sb_printf(b, "## Environment\n\n- gradcheck-dist %s, ", or_dash(gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version")));
+    gcd_sb_printf(b, "## Environment\n\n- gradcheck-dist "), md(b, or_dash(gcd_jstr(cJSON_GetObjectItemCaseSensitive(doc, "tool"), "version"))), gcd_sb_printf(b, ", ");
     if (is_check(doc)) {
         const cJSON *d, *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference");
-        gcd_sb_printf(b, "`check` of %d dumps (stage %s), tolerance %g\n", gcd_jint(env, "world"), or_dash(gcd_jstr(r0, "stage")), gcd_jnum(doc, "tolerance"));
-        gcd_sb_printf(b, "- as the dumps recorded: Python %s, torch %s, Lightning %s\n", or_dash(gcd_jstr(env, "python_version")),
-                      or_dash(gcd_jstr(env, "torch_version")), or_dash(gcd_jstr(env, "lightning_version")));
+        gcd_sb_printf(b, "`check` of %d dumps (stage ", gcd_jint(env, "world")), md(b, or_dash(gcd_jstr(r0, "stage")));
+        gcd_sb_printf(b, "), tolerance %g\n- as the dumps recorded: Python ", gcd_jnum(doc, "tolerance")), md(b, or_dash(gcd_jstr(env, "python_version")));
+        gcd_sb_printf(b, ", torch "), md(b, or_dash(gcd_jstr(env, "torch_version"))), gcd_sb_printf(b, ", Lightning "), md(b, or_dash(gcd_jstr(env, "lightning_version")));
+        gcd_sb_printf(b, "\n");
         gcd_sb_printf(b, "- dumps:");
         int i = 0;
         cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r0, "dumps")) {
             if (i++ >= 4) continue;
-            gcd_sb_printf(b, " `");
-            cell_max(b, gcd_jstr(d, "path"), 120);
-            gcd_sb_printf(b, "`");
+            gcd_sb_printf(b, " ");
+            code_span(b, gcd_jstr(d, "path"), 120);
         }
         gcd_sb_printf(b, "%s; reference: ", i > 4 ? " ..." : "");
-        if (cJSON_IsObject(ref)) gcd_sb_printf(b, "`"), cell_max(b, gcd_jstr(ref, "path"), 120), gcd_sb_printf(b, "`\n");
+        if (cJSON_IsObject(ref)) code_span(b, gcd_jstr(ref, "path"), 120), gcd_sb_printf(b, "\n");
         else gcd_sb_printf(b, "none\n");
     } else {
-        gcd_sb_printf(b, "backend %s, world %d, %s, tolerance %g\n- MPI: ", or_dash(gcd_jstr(env, "backend")), gcd_jint(env, "world"),
-                      or_dash(gcd_jstr(env, "precision")), gcd_jnum(doc, "tolerance"));
+        gcd_sb_printf(b, "backend "), md(b, or_dash(gcd_jstr(env, "backend"))), gcd_sb_printf(b, ", world %d, ", gcd_jint(env, "world"));
+        md(b, or_dash(gcd_jstr(env, "precision"))), gcd_sb_printf(b, ", tolerance %g\n- MPI: ", gcd_jnum(doc, "tolerance"));
         cell_max(b, or_dash(gcd_jstr(env, "mpi_version")), 200);
         if (*gcd_jstr(env, "nccl_version") || *gcd_jstr(env, "cuda_version"))
-            gcd_sb_printf(b, "\n- NCCL %s, CUDA %s", or_dash(gcd_jstr(env, "nccl_version")), or_dash(gcd_jstr(env, "cuda_version")));
+            gcd_sb_printf(b, "\n- NCCL "), md(b, or_dash(gcd_jstr(env, "nccl_version"))), gcd_sb_printf(b, ", CUDA "), md(b, or_dash(gcd_jstr(env, "cuda_version")));
         gcd_sb_printf(b, "\n- hosts: ");
         distinct(b, cJSON_GetObjectItemCaseSensitive(env, "hostnames"));
         if (cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(env, "devices"))) {
@@ -243,7 +307,7 @@ static void environment(gcd_sb *b, const cJSON *doc) {
         }
         gcd_sb_printf(b, "\n");
     }
-    gcd_sb_printf(b, "- started %s\n\n", or_dash(gcd_jstr(env, "start_time")));
+    gcd_sb_printf(b, "- started "), md(b, or_dash(gcd_jstr(env, "start_time"))), gcd_sb_printf(b, "\n\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -260,13 +324,14 @@ static void findings(gcd_sb *b, const cJSON *doc) {
                 if (!gcd_jbool(f, "counts")) continue;
                 if (b->len > FINDINGS_UNTIL) { left++; continue; }
                 char t[160];
-                gcd_sb_printf(b, "- **%s, mode %s** (%s", gcd_run_title(run, t, sizeof t), gcd_jstr(run, "mode"), test ? "under test" : "control");
-                if (*gcd_jstr(run, "library")) gcd_sb_printf(b, ": "), library(b, run);
+                gcd_sb_printf(b, "- **"), md(b, gcd_run_title(run, t, sizeof t)), gcd_sb_printf(b, ", mode "), md(b, gcd_jstr(run, "mode"));
+                gcd_sb_printf(b, "** (%s", test ? "under test" : "control");
+                if (*gcd_jstr(run, "library")) gcd_sb_printf(b, ": "), library(b, run, 0);
                 gcd_sb_printf(b, "): ");
                 cell(b, gcd_jstr(f, "message"));
                 const cJSON *p = gcd_finding_param(run, f);
                 gcd_sb chain = { 0 };
-                if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "\n  - path: `"), cell_max(b, chain.s, 400), gcd_sb_printf(b, "`");
+                if (p && gcd_chain(&chain, p)) gcd_sb_printf(b, "\n  - path: "), code_span(b, chain.s, 400);
                 gcd_sb_free(&chain);
                 gcd_sb_printf(b, "\n");
                 shown++;
@@ -282,8 +347,9 @@ static void findings(gcd_sb *b, const cJSON *doc) {
         else if (b->len <= FINDINGS_UNTIL && strcmp(gcd_jstr(e, "role"), "test"))   // a test's are its findings, above
             gcd_sb_printf(b, "- **control not caught:** "), cell(b, gcd_jstr(e, "message")), gcd_sb_printf(b, "\n");
     }
-    gcd_sb_printf(b, "\n**Result: %s** (exit %d); %d of %d expectations met (the configuration under test shows no finding, each control its known defect).\n\n",
-                  or_dash(gcd_jstr(doc, "result")), gcd_jint(doc, "exit_code"), met, n);
+    gcd_sb_printf(b, "\n**Result: "), md(b, or_dash(gcd_jstr(doc, "result")));
+    gcd_sb_printf(b, "** (exit %d); %d of %d expectations met (the configuration under test shows no finding, each control its known defect).\n\n",
+                  gcd_jint(doc, "exit_code"), met, n);
 }
 
 static int clean(const char *status) { return !strcmp(status, "ok") || !strcmp(status, "present"); }
@@ -299,8 +365,9 @@ static void tables(gcd_sb *b, const cJSON *runs) {
         gcd_rows_begin(cur, cols, ncol);
         for (; cur[0]; gcd_rows_next(cur, ncol)) rows++;
         all_rows = rows <= CLEAN_ROWS_SHOWN;
-        gcd_sb_printf(b, "### %s\n\n| parameter | shape |", gcd_run_title(cols[0], t, sizeof t));
-        for (int k = 0; k < ncol; k++) gcd_sb_printf(b, " %s (%s) |", gcd_jstr(cols[k], "mode"), gcd_jstr(cols[k], "role"));
+        gcd_sb_printf(b, "### "), md(b, gcd_run_title(cols[0], t, sizeof t)), gcd_sb_printf(b, "\n\n| parameter | shape |");
+        for (int k = 0; k < ncol; k++)
+            gcd_sb_printf(b, " "), md(b, gcd_jstr(cols[k], "mode")), gcd_sb_printf(b, " ("), md(b, gcd_jstr(cols[k], "role")), gcd_sb_printf(b, ") |");
         gcd_sb_printf(b, "\n|---|---|");
         for (int k = 0; k < ncol; k++) gcd_sb_printf(b, "---|");
         gcd_sb_printf(b, "\n");
@@ -542,7 +609,7 @@ static void script(gcd_sb *b, const cJSON *doc, const cJSON *run) {
     gcd_sb s = { 0 }, values = { 0 };
     int inline_values = py_values(&values, gcd_report_run_setup(doc, run));
     gcd_sb_printf(&s, "# Reproduces gradcheck-dist's %s, mode %s (", probe, mode);
-    library(&s, run);
+    library(&s, run, 1);
     gcd_sb_printf(&s, ") at world %d with real DDP on gloo.\n# Prints each parameter's DDP gradient norm (None: no gradient) next to the single-process one.\n", gcd_jint(run, "world"));
     gcd_sb_printf(&s, "# usage: python repro.py%s   (torch 1.13+, pytorch-lightning%s)\n", inline_values ? " [REPORT.json]" : " REPORT.json", m == 2 ? ", torchmetrics" : "");
     gcd_sb_printf(&s, "import json\nimport os\nimport sys\nimport tempfile\n\nimport torch\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\nimport torch.nn.functional as F\n\n");
@@ -571,7 +638,7 @@ static const char harness[] =
     "# Lightning: Trainer(devices=N, callbacks=[gradcheck_dist.GradcheckDump(\"grads\")])\n"
     "# then: gradcheck-dist check grads --ref ref.safetensors\n";
 
-char *gcd_render_md(const cJSON *doc) {
+static char *render_md(const cJSON *doc, const cJSON *raw) {
     gcd_sb b = { 0 };
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(doc, "runs"), *f, *run = ticket_run(runs, &f);
     title(&b, doc, run, f);
@@ -584,8 +651,17 @@ char *gcd_render_md(const cJSON *doc) {
         gcd_sb_printf(&b, "The dumps came from the user's training, written with the Python harness:\n\n");
         fenced(&b, harness, "python");
     } else if (run) {
-        script(&b, doc, run);
+        const cJSON *raw_f;   // the script's names as they are (Python string literals escape them), not as shown
+        script(&b, raw, ticket_run(cJSON_GetObjectItemCaseSensitive(raw, "runs"), &raw_f));
     }
     gcd_sb_printf(&b, "\nThe JSON report holds every value (tensors over 4096 elements with `--full`): attach it to the ticket.\n");
     return b.s;
+}
+
+// the strings without controls or newlines first (gcd_report_safe), then escaped for Markdown where they go
+char *gcd_render_md(const cJSON *doc) {
+    cJSON *copy;
+    char *text = render_md(gcd_report_safe(doc, &copy), doc);
+    cJSON_Delete(copy);
+    return text;
 }

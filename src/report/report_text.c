@@ -153,11 +153,13 @@ static int ncols(const char *s, size_t n) {
     return c;
 }
 
-// text in lines of at most width columns: the first after lead, the others indented by as much. It
-// breaks at spaces only: a word longer than a line (a file path) runs over.
+// text in lines of at most width columns: the first after lead, the others indented by as much, and
+// by two at least (a name with spaces in it never starts a line of its own: "result: pass" there would
+// read as the tool's). It breaks at spaces only: a word longer than a line (a file path) runs over.
 static void wrap(gcd_sb *b, int width, const char *lead, const char *text) {
     int hang = ncols(lead, strlen(lead)), at = hang, fresh = 1;
     gcd_sb_printf(b, "%s", lead);
+    hang = hang < 2 ? 2 : hang;
     for (const char *w = text; *w;) {
         if (*w == ' ' || *w == '\n') { w++; continue; }
         size_t n = strcspn(w, " \n");
@@ -458,7 +460,7 @@ static const char *result_meaning(const cJSON *doc, int check) {
 
 char *gcd_render_text(const cJSON *doc) { return gcd_render_text_width(doc, gcd_text_width(STDOUT_FILENO)); }
 
-char *gcd_render_text_width(const cJSON *doc, int width) {
+static char *render_text(const cJSON *doc, int width) {
     gcd_sb b = { 0 };
     char line[2048];
     width = width < GCD_TEXT_MIN_WIDTH ? GCD_TEXT_MIN_WIDTH : width;
@@ -518,4 +520,12 @@ char *gcd_render_text_width(const cJSON *doc, int width) {
     }
     b.s[k] = 0;
     return b.s;
+}
+
+// every string as a terminal may show it: no name or message starts a line or moves the cursor
+char *gcd_render_text_width(const cJSON *doc, int width) {
+    cJSON *copy;
+    char *text = render_text(gcd_report_safe(doc, &copy), width);
+    cJSON_Delete(copy);
+    return text;
 }
