@@ -54,7 +54,7 @@ for dtype in ${GCD_BENCH_DTYPES:-F32 BF16}; do
     cat "$d"/*.safetensors >/dev/null
     scanned=$(cat "$d"/*.safetensors | wc -c)
 
-    cs="n/a" cg="n/a" ratio="n/a" hs="n/a" hg="n/a"
+    cs="n/a" cg="n/a" ratio="n/a" hs="n/a" hg="n/a" hratio="n/a"
     if [ "$have_check" = 1 ]; then
         best_of "$G" check "$d" --ref "$d/ref.safetensors" --no-json
         cs=$best
@@ -65,6 +65,7 @@ for dtype in ${GCD_BENCH_DTYPES:-F32 BF16}; do
             best_of "$G" check "$d" --ref "$d/ref.safetensors" --json "$tmp/report.json"
             hs=$best
             hg=$(awk -v b="$scanned" -v s="$hs" 'BEGIN {printf "%.2f", b / s / 1e9}')
+            hratio=$(awk -v c="$hg" -v m="$memcpy" 'BEGIN {printf "%.2f", c / m}')
         else
             echo "check_bench: $dtype: check exited $last_rc, expected 0 (clean); its output:" >&2
             tail -n 30 "$tmp/out" >&2
@@ -81,16 +82,16 @@ for dtype in ${GCD_BENCH_DTYPES:-F32 BF16}; do
         tail -n 30 "$tmp/out" >&2
         status=1 ns="rc=$last_rc" ng="n/a"
     fi
-    rows+=("$(printf '%-6s %11.3f %9s %9s %9s %9s %9s %9s %9s %12s' "$dtype" \
-        "$(awk -v b="$scanned" 'BEGIN {print b / 1e9}')" "$cs" "$cg" "$hs" "$hg" "$ns" "$ng" "$memcpy" "$ratio")")
+    rows+=("$(printf '%-6s %11.3f %9s %9s %9s %9s %9s %9s %9s %12s %14s' "$dtype" \
+        "$(awk -v b="$scanned" 'BEGIN {print b / 1e9}')" "$cs" "$cg" "$hs" "$hg" "$ns" "$ng" "$memcpy" "$ratio" "$hratio")")
     rm -rf "$d"
 done
 
 echo
 echo "gradcheck-dist check vs numpy: $WORLD ranks + ref, $BYTES per file, page cache warm, best of $REPS, $(nproc) cores"
 echo "load average (1 min) at start $load0, at end $(cut -d' ' -f1 /proc/loadavg) (a busy machine lowers every figure)"
-printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s\n' dtype scanned check check "+sha256" "+sha256" numpy numpy memcpy check/memcpy
-printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s\n' "" GB s GB/s s GB/s s GB/s GB/s ratio
+printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s %14s\n' dtype scanned check check "+sha256" "+sha256" numpy numpy memcpy check/memcpy +sha256/memcpy
+printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s %14s\n' "" GB s GB/s s GB/s s GB/s GB/s ratio ratio
 printf '%s\n' "${rows[@]}"
 [ "$have_check" = 1 ] || status=1
 exit "$status"
