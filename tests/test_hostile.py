@@ -201,8 +201,12 @@ def render_all(cls, name, doc_bytes):
 
 
 def planted_reports(cls, base_path):
-    with open(base_path) as fh:
-        base = json.load(fh)
+    try:
+        with open(base_path, "rb") as fh:
+            base = json.loads(fh.read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:   # the unfixed writer: counted, not a crash of the test
+        case(cls, False, f"{base_path} is not valid UTF-8 JSON: {e}")
+        return
     token = "@@PAYLOAD@@"
     paths = sorted(set(string_paths(base)))
     payload = json_escape_bytes(PAYLOAD)
