@@ -333,9 +333,10 @@ def unused_head_reference_none_too():
     d = fresh("unused")
     w.write_world(d, [{"a": A, "head.w": None}] * 2)
     ref = w.write_dump(os.path.join(TMP, "unused_ref.safetensors"), {"a": A, "head.w": None})
-    text, rep = expect([d, "--ref", ref], 1, "head.w", "reference either", report=True)
+    # not a distributed-training defect: a note (test_check_verdicts.py has the mixed case)
+    text, rep = expect([d, "--ref", ref], 0, "head.w", "nor in the single-process reference", report=True)
     need(status(rep) == {"a": "ok", "head.w": "none"}, f"statuses {status(rep)}")
-    need("reference either" in finding(rep, "none")["message"], "the none finding does not say the reference has none either")
+    need("none" not in kinds(rep), f"a none finding for an unused parameter: {kinds(rep)}")
 
 
 @case

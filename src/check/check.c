@@ -157,6 +157,21 @@ static int ignored(const gcd_check_opts *o, const char *name) {
 
 static double dtype_tol(gcd_dtype d) { return d == GCD_DT_F64 ? GCD_TOL : d == GCD_DT_F32 ? 1e-5 : 1e-2; }
 
+// gradcheck.precision: the arithmetic the step computed in (autocast computes in bf16 what it stores
+// as F32). The five names, and Lightning's trainer.precision spellings. NULL: not one of them.
+static const char *precision_name(const char *v, double *tol) {
+    static const struct { const char *name, *canon; double tol; } known[] = {
+        { "fp64", "fp64", GCD_TOL }, { "64", "fp64", GCD_TOL },       { "64-true", "fp64", GCD_TOL },
+        { "fp32", "fp32", 1e-5 },    { "32", "fp32", 1e-5 },          { "32-true", "fp32", 1e-5 },
+        { "tf32", "tf32", 1e-2 },    { "bf16", "bf16", 1e-2 },        { "bf16-mixed", "bf16", 1e-2 },
+        { "bf16-true", "bf16", 1e-2 }, { "fp16", "fp16", 1e-2 },      { "16", "fp16", 1e-2 },
+        { "16-mixed", "fp16", 1e-2 }, { "16-true", "fp16", 1e-2 },
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(v, known[i].name)) return *tol = known[i].tol, known[i].canon;
+    return NULL;
+}
+
 static char *shape_str(char *buf, size_t len, const gcd_st_tensor *t) {   // "(4,8)": the reader keeps each dim <= INT_MAX
     int shape[GCD_ST_MAX_DIM];
     for (int i = 0; i < t->ndim; i++) shape[i] = (int)t->shape[i];
@@ -194,12 +209,20 @@ static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **para
     return rc;
 }
 
+// 2 for a file that cannot be read; 3 when a limit of this process stopped it (too many open files)
+static int open_failed(const gcd_st_file *f, char *err, size_t len) {
+    if (f->open_errno != EMFILE && f->open_errno != ENFILE) return 2;
+    size_t n = strlen(err);
+    snprintf(err + n, len - n, " (a limit of this process, not bad input: raise `ulimit -n` or check fewer dumps at once)");
+    return 3;
+}
+
 // the reference first: a wrong --ref is named as such, also when it lies among the dumps
 static int load_ref(const gcd_check_opts *o, gcd_check_set *set, char ***params, int *np, char *err, size_t len) {
     long world, r0;
     int rc;
     set->has_ref = 1;
-    if (gcd_st_open(&set->ref, o->ref, err, len)) return 2;
+    if (gcd_st_open(&set->ref, o->ref, err, len)) return open_failed(&set->ref, err, len);
     if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
         (rc = meta_int(&set->ref, "gradcheck.rank", 0, 0, &r0, err, len)))
         return rc;
@@ -226,7 +249,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     for (int i = 0; i < n; i++) files[i].fd = -1;
     for (int i = 0; !rc && i < n; i++) {
         long world;
-        if (gcd_st_open(&files[i], paths[i], err, len)) rc = 2;
+        if (gcd_st_open(&files[i], paths[i], err, len)) rc = open_failed(&files[i], err, len);
         else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &world, err, len)) &&
                  !(rc = meta_int(&files[i], "gradcheck.rank", 0, world - 1, &rank[i], err, len))) {
             char **p = NULL;
@@ -299,6 +322,25 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
                 return fail(err, len, "tensor '%.80s': shape %s on rank %d (%s) differs from %s on rank %d", params[j], a, k, f->path, b, first_rank);
             }
         }
+    }
+    // the precision the step computed in, where the dumps say: their loosest, and never tighter than
+    // the dtypes the values were stored in
+    const char *prec = NULL;
+    double prec_tol = 0;
+    for (int k = 0; k <= set->world; k++) {
+        const gcd_st_file *f = file_of(set, k);
+        const char *v = f ? gcd_st_meta(f, "gradcheck.precision") : NULL;
+        double t;
+        if (!v) continue;
+        const char *c = precision_name(v, &t);
+        if (!c) return fail(err, len, "%s: metadata gradcheck.precision is '%.20s', expected fp64, fp32, tf32, bf16 or fp16", f->path, v);
+        if (!prec || t > prec_tol) prec = c, prec_tol = t;
+    }
+    if (prec) {
+        if (prec_tol >= set->tol_default) {
+            set->tol_default = prec_tol;
+            snprintf(set->tol_reason, sizeof set->tol_reason, "gradcheck.precision=%s", prec);
+        } else snprintf(set->tol_reason, sizeof set->tol_reason, "the dtypes, coarser than gradcheck.precision=%s", prec);
     }
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
     set->sha256 = gcd_malloc((size_t)(set->world + 1) * sizeof *set->sha256);

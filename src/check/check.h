@@ -28,7 +28,8 @@ typedef struct {
     char (*sha256)[65];         // (world + 1) hex digests, the reference's last
     int nparams;
     char **params;              // (nparams) gradcheck.params of rank 0
-    double tol, tol_default;    // in force; what the dtypes give
+    double tol, tol_default;    // in force; what the precision (gradcheck.precision) and the dtypes give
+    char tol_reason[80];        // where tol_default comes from when the dumps name a precision, else ""
     uint64_t bytes;             // data bytes scanned
 } gcd_check_set;
 

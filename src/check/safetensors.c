@@ -65,6 +65,18 @@ static int utf8_valid(const unsigned char *s, size_t n, size_t *bad) {
     return 1;
 }
 
+// the first NUL in JSON text, raw or as the escape \u0000 (outside strings a backslash is not JSON,
+// so every one starts an escape): 1 with its byte offset in *at
+static int nul_escape(const unsigned char *s, size_t n, size_t *at) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == 0) return *at = i, 1;
+        if (s[i] != '\\' || i + 1 == n) continue;
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) return *at = i, 1;
+        i++;   // the escaped character: "\\" then "u0000" is no escape
+    }
+    return 0;
+}
+
 // a JSON number that is a whole number in [0, 2^53]
 static int whole(const cJSON *v, uint64_t *out) {
     if (!cJSON_IsNumber(v)) return 0;
@@ -142,6 +154,14 @@ int gcd_st_parse(gcd_st_file *f, const unsigned char *buf, uint64_t avail, uint6
     const unsigned char *h = buf + 8;
     size_t bad;
     if (!utf8_valid(h, n, &bad)) return fail(err, len, path, NULL, "header is not UTF-8 (byte %zu)", bad);
+    if (nul_escape(h, n, &bad)) {   // cJSON would end the string there: "local\u0000x" would read as "local"
+        char near[48];
+        size_t from = bad > 40 ? bad - 40 : 0, k = 0;
+        for (size_t i = from; i < bad; i++) near[k++] = h[i] < 0x20 || h[i] >= 0x7f ? '?' : (char)h[i];
+        near[k] = 0;
+        return fail(err, len, path, NULL, "header: a JSON string holds a NUL character (\\u0000 at byte %zu, after '%s'): not a name or value this reader accepts",
+                    bad, near);
+    }
     const char *end = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts((const char *)h, n, &end, 0);
     if (!doc) {
@@ -248,7 +268,10 @@ int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len) {
     memset(f, 0, sizeof *f);
     f->path = gcd_strdup(path);
     f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   // a FIFO must not block: fstat rejects it below
-    if (f->fd < 0) return fail(err, len, path, NULL, "%s", strerror(errno));
+    if (f->fd < 0) {
+        f->open_errno = errno;
+        return fail(err, len, path, NULL, "%s", strerror(errno));
+    }
     struct stat st;
     if (fstat(f->fd, &st)) return fail(err, len, path, NULL, "fstat: %s", strerror(errno));
     if (S_ISDIR(st.st_mode)) return fail(err, len, path, NULL, "is a directory");
@@ -267,10 +290,12 @@ int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len) {
     else rc = gcd_st_parse(f, buf, got, size, err, len);
     free(buf);
     if (rc) return -1;
-    if (size > f->data_start) {   // map the data; a failure only means pread, chunk by chunk
+    if (size > 0) {   // map the file; a failure only means pread, chunk by chunk
         void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, f->fd, 0);
         if (m != MAP_FAILED) {
             f->map = m;
+            close(f->fd);   // the mapping is enough: thousands of dumps open at once stay under `ulimit -n`
+            f->fd = -1;
         }
     }
     return 0;
@@ -291,7 +316,11 @@ const gcd_st_tensor *gcd_st_find(const gcd_st_file *f, const char *name) {
 
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len) {
     struct stat st, now;
-    if (fstat(f->fd, &st)) return fail(err, len, f->path, NULL, "fstat: %s", strerror(errno));
+    if (f->fd < 0) {   // mapped and closed: the path again
+        if (stat(f->path, &now) || now.st_dev != f->dev || now.st_ino != f->ino)
+            return fail(err, len, f->path, NULL, "was replaced or removed while being read");
+        st = now;
+    } else if (fstat(f->fd, &st)) return fail(err, len, f->path, NULL, "fstat: %s", strerror(errno));
     if ((uint64_t)st.st_size != f->size || mtime_ns(&st) != f->mtime_ns)
         return fail(err, len, f->path, NULL, "changed while being read (%llu bytes at open, %llu now): the verdict would not be about one file",
                     (unsigned long long)f->size, (unsigned long long)st.st_size);

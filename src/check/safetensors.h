@@ -28,7 +28,8 @@ typedef struct {
 
 typedef struct {
     char *path;
-    int fd;                     // -1 once closed
+    int fd;                     // -1 once closed, and once mapped (the mapping holds the file)
+    int open_errno;             // gcd_st_open: open(2)'s errno when it failed (EMFILE: a limit, not bad input)
     const unsigned char *map;   // the whole file, or NULL (pread fallback)
     uint64_t size;              // bytes, from fstat at open
     uint64_t data_start;        // 8 + N

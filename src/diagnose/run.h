@@ -43,6 +43,7 @@ typedef struct {
     gcd_status status;
     double norm, ref_norm, rel_err, scale, cosine;   // NAN where undefined
     long nonfinite, first_nonfinite;
+    int at_floor;                 // ok because ||g - r|| is below the model's noise floor (verdict.c: noise_floor)
     // check only (dumps): NULL / 0 for the probes
     const char *dtype;            // the dumps' dtype, "F32"
     int ref_none;                 // the reference has no gradient (None) for it

@@ -118,27 +118,72 @@ static int count(const gcd_run_result *res, pick_fn pick, const void *arg) {
     return n;
 }
 
+// The parameters sorted by name, built once per verdict: every name under a dotted prefix lies in one
+// contiguous run of it, found by binary search, so naming a group costs O(log n), not a pass over all.
+static struct {
+    const gcd_run_result *res;
+    int *sorted;   // (nparam) indices into res->param, by name
+} idx;
+
+static int by_name_idx(const void *a, const void *b) {
+    return strcmp(idx.res->param[*(const int *)a].name, idx.res->param[*(const int *)b].name);
+}
+
+static void index_build(const gcd_run_result *res) {
+    idx.res = res;
+    idx.sorted = gcd_malloc((size_t)(res->nparam ? res->nparam : 1) * sizeof *idx.sorted);
+    for (int i = 0; i < res->nparam; i++) idx.sorted[i] = i;
+    qsort(idx.sorted, (size_t)res->nparam, sizeof *idx.sorted, by_name_idx);
+}
+
+static void index_free(void) {
+    free(idx.sorted);
+    idx.sorted = NULL, idx.res = NULL;
+}
+
+// [*lo, *hi): the run of sorted names that start with the k bytes of prefix
+static void prefix_run(const char *prefix, size_t k, int *lo, int *hi) {
+    const gcd_param_result *P = idx.res->param;
+    int a = 0, b = idx.res->nparam;
+    while (a < b) {   // the first name >= prefix
+        int m = a + (b - a) / 2;
+        if (strncmp(P[idx.sorted[m]].name, prefix, k) < 0) a = m + 1;
+        else b = m;
+    }
+    *lo = a, b = idx.res->nparam;
+    while (a < b) {   // the first name past the prefix
+        int m = a + (b - a) / 2;
+        if (strncmp(P[idx.sorted[m]].name, prefix, k) <= 0) a = m + 1;
+        else b = m;
+    }
+    *hi = a;
+}
+
 // writes the words into out (and, when ids is given, every picked name comma-separated); returns how
 // many parameters were picked
 static int names(const gcd_run_result *res, pick_fn pick, const void *arg, gcd_sb *out, gcd_sb *ids) {
     enum { SHOWN = 12 };
-    int n = count(res, pick, arg), shown = 0, hidden = 0;
-    unsigned char *done = gcd_malloc((size_t)res->nparam + 1);
+    int n = 0, shown = 0, hidden = 0, np = res->nparam;
+    unsigned char *done = gcd_malloc((size_t)np + 1), *picked = gcd_malloc((size_t)np + 1);
+    int *before = gcd_malloc(((size_t)np + 1) * sizeof *before);   // picked among the first j sorted names
+    for (int i = 0; i < np; i++) n += picked[i] = (unsigned char)(pick(&res->param[i], arg) != 0);
+    before[0] = 0;
+    for (int j = 0; j < np; j++) before[j + 1] = before[j] + picked[idx.sorted[j]];
     gcd_sb words[SHOWN] = { { 0 } };
-    for (int i = 0; i < res->nparam; i++) {
+    for (int i = 0; i < np; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (!pick(p, arg)) continue;
+        if (!picked[i]) continue;
         if (ids) gcd_sb_printf(ids, "%s%s", ids->len ? "," : "", p->name);
         if (done[i]) continue;
         gcd_sb w = { 0 };
         for (const char *dot = strchr(p->name, '.'); dot && !w.s; dot = strchr(dot + 1, '.')) {
             size_t k = (size_t)(dot - p->name) + 1;
-            int total = 0, picked = 0;
-            for (int j = 0; j < res->nparam; j++)
-                if (!strncmp(res->param[j].name, p->name, k)) total++, picked += pick(&res->param[j], arg);
-            if (total != picked || total < 3) continue;
+            int lo, hi;
+            prefix_run(p->name, k, &lo, &hi);
+            int total = hi - lo, inside = before[hi] - before[lo];
+            if (total != inside || total < 3) continue;
             gcd_sb_printf(&w, "%.*s*", (int)k, p->name);
-            for (int j = 0; j < res->nparam; j++) done[j] |= !strncmp(res->param[j].name, p->name, k);
+            for (int j = lo; j < hi; j++) done[idx.sorted[j]] = 1;
         }
         if (!w.s) gcd_sb_printf(&w, "%s", p->name);
         if (shown < SHOWN) words[shown++] = w;
@@ -151,17 +196,21 @@ static int names(const gcd_run_result *res, pick_fn pick, const void *arg, gcd_s
     }
     if (hidden) gcd_sb_printf(out, " and %d more (the report lists them all)", hidden);
     if (!out->s) gcd_sb_printf(out, "%s", "");
-    free(done);
+    free(done), free(picked), free(before);
     return n;
 }
 
 static int by_status(const gcd_param_result *p, const void *arg) { return p->status == *(const gcd_status *)arg; }
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
+static int same_shown(double a, double b, double tol);
+static double scale_tol;   // gcd_verdict's res->tol, for same_scale
 static int same_scale(const gcd_param_result *p, const void *arg) {
-    return p->status == GCD_ST_SCALED && fabs(p->scale - *(const double *)arg) <= 1e-6 * fabs(p->scale);
+    return p->status == GCD_ST_SCALED && same_shown(p->scale, *(const double *)arg, scale_tol);
 }
 static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none; }
+static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none; }
+static int at_floor(const gcd_param_result *p, const void *arg) { (void)arg; return p->at_floor; }
 
 static const char *plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
 
@@ -190,6 +239,75 @@ void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {
 }
 
 // ----------------------------------------------------------------------------
+// judgement over the whole model: the noise floor, scalars, the scale a user reads
+
+// The scale as a user reads it: the simple fraction p/q (p, q <= 16) within the tolerance, else c.
+// Under bf16 a summed loss gives x0.249 or x0.251 per tensor: both are the x0.25 the step made.
+static double shown_scale(double c, double tol) {
+    double best = c, off = INFINITY;
+    for (int q = 1; q <= 16; q++)
+        for (int pn = 1; pn <= 16; pn++) {
+            double f = (double)pn / q, d = fabs(c - f);
+            if (d <= tol * f && d < off) best = f, off = d;
+        }
+    return best;
+}
+
+static int same_shown(double a, double b, double tol) {
+    double x = shown_scale(a, tol), y = shown_scale(b, tol);
+    return fabs(x - y) <= 1e-6 * fabs(x);
+}
+
+// The model's gradient scale: the RMS over every element of every parameter whose reference is not zero.
+static double model_rms(const gcd_run_result *res) {
+    double rr = 0, n = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (p->ref_norm > 0 && isfinite(p->ref_norm) && p->n) rr += p->ref_norm * p->ref_norm, n += (double)p->n;
+    }
+    return n > 0 ? sqrt(rr / n) : 0;
+}
+
+// ||g - r|| / sqrt(n): the error per element, NAN where there is none to take
+static double err_rms(const gcd_param_result *p) {
+    if (!p->n || !(p->ref_norm >= 0)) return NAN;
+    double e = p->ref_norm > 0 ? p->rel_err * p->ref_norm : p->norm;
+    return e / sqrt((double)p->n);
+}
+
+// A tensor whose true gradient is zero (a BERT attention key bias: softmax ignores the shift) holds
+// rounding noise on the ranks and in the reference alike: its own relative error is meaningless. Its
+// error is judged against the model's: at most tol x the model's RMS gradient per element is noise,
+// ok with a note. A small but real gradient (1e-3 of the rest) is far above that and keeps its verdict;
+// so does a tensor that is exactly a multiple of its reference (scaled): that is signal, not noise.
+static void noise_floor(gcd_run_result *res, double *floor_out) {
+    double floor = res->tol * model_rms(res);
+    *floor_out = floor;
+    if (!(floor > 0)) return;
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if ((p->status != GCD_ST_MISMATCH && p->status != GCD_ST_ZERO) || p->ref_none) continue;
+        double e = err_rms(p);
+        if (e <= floor) p->status = GCD_ST_OK, p->at_floor = 1;
+    }
+}
+
+// One value's ratio to its reference is no evidence of a scale factor (any two values of one sign are
+// multiples): a scalar is scaled only by a factor a tensor of several values shows too.
+static void scalars(gcd_run_result *res) {
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if (p->status != GCD_ST_SCALED || p->n != 1) continue;
+        int backed = 0;
+        for (int j = 0; j < res->nparam && !backed; j++) {
+            const gcd_param_result *q = &res->param[j];
+            backed = q->status == GCD_ST_SCALED && q->n > 1 && same_shown(p->scale, q->scale, res->tol);
+        }
+        if (!backed) p->status = GCD_ST_MISMATCH;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the run's findings
 
 void gcd_verdict(gcd_run_result *res) {
@@ -198,6 +316,11 @@ void gcd_verdict(gcd_run_result *res) {
     for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
     res->nfinding = 0;
     int check = !strcmp(res->probe, "check");
+    double floor = 0;
+    scalars(res);
+    noise_floor(res, &floor);
+    index_build(res);
+    scale_tol = res->tol;
     gcd_sb m = { 0 }, ids = { 0 }, others = { 0 };
     gcd_status st;
     int n;
@@ -214,11 +337,10 @@ void gcd_verdict(gcd_run_result *res) {
         }
     }
 
-    st = GCD_ST_NONE;
-    if ((n = count(res, by_status, &st))) {
+    if ((n = count(res, none_real, NULL))) {   // None on every rank where the reference has one (or there is none to ask)
         int have = count(res, with_grad, NULL);
         gcd_sb words = { 0 };
-        names(res, by_status, &st, &words, &ids);
+        names(res, none_real, NULL, &words, &ids);
         names(res, with_grad, NULL, &others, NULL);
         if (have == 0) gcd_sb_printf(&m, "no parameter receives a gradient on any rank (None): nothing is learned");
         else if (have < res->nparam / 2 + 1 && have < n)
@@ -228,21 +350,22 @@ void gcd_verdict(gcd_run_result *res) {
         else
             gcd_sb_printf(&m, "%s %s no gradient on any rank (None); %s %s one", words.s, plural(n, "receives", "receive"), others.s,
                           plural(have, "still gets", "still get"));
-        if (check && !res->no_ref && count(res, none_in_ref, NULL) < n)   // the reference has them: cut on the way
+        if (check && !res->no_ref)   // the reference has them: cut on the way
             gcd_sb_printf(&m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
                               "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False), or a detach())",
                           plural(n, "it", "them"), plural(n, "it", "them"));
-        int unused = count(res, none_in_ref, NULL);
-        if (unused) {
-            gcd_sb u = { 0 };
-            names(res, none_in_ref, NULL, &u, NULL);
-            gcd_sb_printf(&m, "; %s %s none in the single-process reference either: unused by the loss (--ignore %s if that is intended)",
-                          u.s, plural(unused, "has", "have"), plural(unused, "it", "them"));
-            gcd_sb_free(&u);
-        }
         gcd_sb_free(&words);
         gcd_sb_free(&others);
         emit(res, "none", 1, &ids, &m);
+    }
+    if ((n = count(res, none_in_ref, NULL))) {   // None in the reference too: the model's, not the distribution's
+        gcd_sb u = { 0 };
+        names(res, none_in_ref, NULL, &u, &ids);
+        gcd_sb_printf(&m, "%s %s no gradient on any rank nor in the single-process reference: unused by the loss, not a "
+                          "distributed-training defect (--ignore %s to leave %s out)",
+                      u.s, plural(n, "has", "have"), plural(n, "it", "them"), plural(n, "it", "them"));
+        gcd_sb_free(&u);
+        emit(res, "note", 0, &ids, &m);
     }
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
@@ -294,14 +417,21 @@ void gcd_verdict(gcd_run_result *res) {
         gcd_sb_printf(&m, " (a parameter outside DDP, a no_sync misuse, or a gradient changed after the all-reduce)");
         emit(res, "disagree", 1, &ids, &m);
     }
+    double *scales = NULL;   // the distinct scales named so far
+    int nscales = 0;
     for (int i = 0; i < res->nparam; i++) {   // one finding per distinct scale
         const gcd_param_result *p = &res->param[i];
+        if (p->status != GCD_ST_SCALED) continue;
         int seen = 0;
-        for (int j = 0; j < i; j++) seen |= same_scale(&res->param[j], &p->scale);
-        if (p->status != GCD_ST_SCALED || seen) continue;
+        for (int j = 0; j < nscales && !seen; j++) seen = same_shown(p->scale, scales[j], res->tol);
+        if (seen) continue;
+        scales = realloc(scales, (size_t)(nscales + 1) * sizeof *scales);
+        mallocCheck(scales);
+        scales[nscales++] = p->scale;
         n = names(res, same_scale, &p->scale, &m, &ids);
-        gcd_sb_printf(&m, " %s the reference x%.6g", plural(n, "gradient is", "gradients are"), p->scale);
-        if (fabs(p->scale * res->world - 1) <= 1e-6) gcd_sb_printf(&m, " (= 1/world)");
+        double c = shown_scale(p->scale, res->tol);
+        gcd_sb_printf(&m, " %s the reference x%.6g", plural(n, "gradient is", "gradients are"), c);
+        if (fabs(c * res->world - 1) <= 1e-6) gcd_sb_printf(&m, " (= 1/world)");
         st = GCD_ST_OK;
         int ok = count(res, by_status, &st);
         if (ok) {
@@ -311,11 +441,15 @@ void gcd_verdict(gcd_run_result *res) {
         }
         emit(res, "scaled", 1, &ids, &m);
     }
+    free(scales);
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != GCD_ST_MISMATCH) continue;
         gcd_sb_printf(&ids, "%s", p->name);
         if (p->ref_none) gcd_sb_printf(&m, "%s: the ranks have a gradient but the single-process reference has none (None)", p->name);
+        else if (p->n == 1 && p->scale > 0)
+            gcd_sb_printf(&m, "%s: wrong value: %.6g times the reference's (one value: its ratio is no evidence of a scale factor, and no "
+                              "other gradient shows it)", p->name, p->scale);
         else if (p->scale <= 0)
             gcd_sb_printf(&m, "%s: wrong gradient, pointing away from the reference (scale %.3g, cosine %.3g, relative error %.3g)", p->name,
                           p->scale, p->cosine, p->rel_err);
@@ -355,11 +489,24 @@ void gcd_verdict(gcd_run_result *res) {
     if ((n = count(res, by_status, &st))) {
         double worst = 0;
         for (int i = 0; i < res->nparam; i++)
-            if (res->param[i].status == GCD_ST_OK && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
+            if (res->param[i].status == GCD_ST_OK && !res->param[i].at_floor && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
         gcd_sb w = { 0 };
         names(res, by_status, &st, &w, &ids);
         if (n == res->nparam) gcd_sb_printf(&m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
         else gcd_sb_printf(&m, "%s %s the reference (max relative error %.2g)", w.s, plural(n, "matches", "match"), worst);
+        gcd_sb_free(&w);
+        emit(res, "note", 0, &ids, &m);
+    }
+    if ((n = count(res, at_floor, NULL))) {
+        double top = 0;
+        for (int i = 0; i < res->nparam; i++)
+            if (res->param[i].at_floor) top = fmax(top, err_rms(&res->param[i]));
+        gcd_sb w = { 0 };
+        names(res, at_floor, NULL, &w, &ids);
+        gcd_sb_printf(&m, "%s %s at the noise floor: %s from the reference by at most %.2g per element (RMS), below the tolerance x the "
+                          "model's RMS gradient (%g x %.3g): rounding noise where the true gradient is about zero (judged ok; the relative "
+                          "error of such a tensor means nothing)",
+                      w.s, plural(n, "is", "are"), plural(n, "it differs", "they differ"), top, res->tol, floor / res->tol);
         gcd_sb_free(&w);
         emit(res, "note", 0, &ids, &m);
     }
@@ -377,6 +524,7 @@ void gcd_verdict(gcd_run_result *res) {
                           "and averaging are exact here (1/world = 1), so their defects appear only with world > 1");
         emit(res, "note", 0, NULL, &m);
     }
+    index_free();
 }
 
 int gcd_run_has_finding(const gcd_run_result *res) {

@@ -315,6 +315,7 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "world", cJSON_CreateNumber(set->world));
     put(r, "tolerance", num(set->tol));
     put(r, "tolerance_from_dtypes", num(set->tol_default));
+    if (set->tol_reason[0]) put(r, "tolerance_reason", cJSON_CreateString(set->tol_reason));
     put(r, "bytes_scanned", cJSON_CreateNumber((double)set->bytes));
     put(r, "seconds", num(res->seconds));
     cJSON *dumps = put(r, "dumps", cJSON_CreateArray());

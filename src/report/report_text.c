@@ -331,7 +331,16 @@ static int seen(seen_notes *s, const char *msg, int add) {
     return 0;
 }
 
+// does any param of the run have a forward path (run's probes do; check's never)
+static int any_path(const cJSON *run) {
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(run, "params"))
+        if (cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(p, "path")) > 0) return 1;
+    return 0;
+}
+
 // how many of the columns hold a note with this message
+
 static int note_in(const cJSON *const *cols, int ncol, const char *msg) {
     int n = 0;
     for (int c = 0; c < ncol; c++) {
@@ -388,6 +397,7 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, i
     wrap(b, width, "  ", line);
     for (int c = 0; c < ncol; c++) {
         const cJSON *f;
+        int paths = any_path(cols[c]);   // check's params have none: no lookup per finding (O(n^2) with 20k partial)
         cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(cols[c], "findings")) {
             const char *msg = gcd_jstr(f, "message"), *mode = gcd_jstr(cols[c], "mode");
             int counts = gcd_jbool(f, "counts");
@@ -398,7 +408,7 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, i
             if (check) snprintf(line, sizeof line, "  %s ", counts ? "!" : "-");
             else snprintf(line, sizeof line, "  %-5s %s ", mode, counts ? "!" : "-");
             wrap(b, width, line, msg);
-            const cJSON *p = gcd_finding_param(cols[c], f);
+            const cJSON *p = paths ? gcd_finding_param(cols[c], f) : NULL;
             gcd_sb chain = { 0 };
             if (p && gcd_chain(&chain, p)) wrap_path(b, width, chain.s);
             gcd_sb_free(&chain);
@@ -471,11 +481,13 @@ static char *render_text(const cJSON *doc, int width) {
     int check = !strcmp(gcd_jstr(r0, "probe"), "check");
     if (check) {
         const cJSON *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference"), *dumps = cJSON_GetObjectItemCaseSensitive(r0, "dumps");
+        char tol_why[128] = " (from the dtypes)";   // or from the precision the dumps name (check.c)
+        if (*gcd_jstr(r0, "tolerance_reason")) snprintf(tol_why, sizeof tol_why, " (from %.100s)", gcd_jstr(r0, "tolerance_reason"));
         snprintf(line, sizeof line, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s, tolerance %g%s",
                  version, cJSON_GetArraySize(dumps), gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"),
                  cJSON_GetArraySize(dumps) > 1 ? ", ..." : "", cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)",
                  gcd_jnum(doc, "tolerance"),
-                 gcd_jnum(r0, "tolerance") == gcd_jnum(r0, "tolerance_from_dtypes") ? " (from the dtypes)" : " (--tol)");
+                 gcd_jnum(r0, "tolerance") != gcd_jnum(r0, "tolerance_from_dtypes") ? " (--tol)" : tol_why);
         wrap(&b, width, "", line);
         const char *tv = gcd_jstr(env, "torch_version"), *lv = gcd_jstr(env, "lightning_version");
         if (*tv || *lv) gcd_sb_printf(&b, "dumped with torch %s%s%s\n", *tv ? tv : "?", *lv ? ", lightning " : "", lv);

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""`gradcheck-dist check` verdicts on real-model shapes, from byte-level fixtures (tests/st_writer.py):
+the noise floor, the precision's tolerance, scalars, unused parameters, both stages in one verdict,
+sharded (FSDP) dumps, grouped findings, and the limits (many names, many files, NUL in a header).
+
+    test_check_verdicts.py GRADCHECK_DIST
+
+Prints `ok NAME` or `FAIL NAME: why` per case and ends with `N passed, M failed`; exits 1 if any failed.
+The helpers (run, expect, need, ...) are test_check_inputs.py's.
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_writer as w  # noqa: E402
+import test_check_inputs as t  # noqa: E402
+from test_check_inputs import Fail, expect, need, status, kinds, finding, params  # noqa: E402
+
+CASES = []
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+def fresh(name):
+    return t.fresh(name)
+
+
+R = np.random.default_rng(11)
+
+
+def rnd(*shape, scale=1.0, dtype=np.float32):
+    return (R.standard_normal(shape) * scale).astype(dtype)
+
+
+def world_of(d, per_rank, ref, stage="reduced", meta_extra=None, ref_meta_extra=None):
+    """Writes one dump per rank into d and the reference beside it; returns the reference's path."""
+    W = len(per_rank)
+    names = list(per_rank[0])
+    for k, g in enumerate(per_rank):
+        m = w.meta(k, W, stage, names)
+        m.update(meta_extra or {})
+        w.write_dump(f"{d}/r{k}.safetensors", g, metadata=m, params=names)
+    m = w.meta(0, 1, "reduced", names)
+    m.update(ref_meta_extra or {})
+    return w.write_dump(f"{d}.ref.safetensors", ref, metadata=m, params=names)
+
+
+def bert_like(scale=1.0):
+    """A model's reference gradients (F32): weights ~1e-2, and a key bias whose true gradient is 0."""
+    ref = {"enc.query.weight": rnd(32, 32, scale=1e-2), "enc.query.bias": rnd(32, scale=1e-2),
+           "enc.key.weight": rnd(32, 32, scale=1e-2), "enc.key.bias": rnd(32, scale=3e-13),
+           "cls.weight": rnd(4, 32, scale=5e-2)}
+    ranks = {k: (v * np.float32(scale)).astype(np.float32) for k, v in ref.items()}
+    ranks["enc.key.bias"] = rnd(32, scale=3e-13)   # another rounding noise than the reference's
+    return ranks, ref
+
+
+# ----------------------------------------------------------------------------
+# the noise floor, the precision, scalars, unused parameters (issue 24: 1, 2, 3)
+
+
+@case
+def noise_floor_key_bias_is_ok_with_a_note():
+    # stock HF BERT: attention.self.key.bias's true gradient is 0; ranks and reference hold ~3e-13 of
+    # float noise, a relative error of ~1 between them: no finding, a note naming it
+    d = fresh("bert")
+    ranks, ref = bert_like()
+    refp = world_of(d, [ranks, ranks], ref)
+    text, rep = expect([d, "--ref", refp], 0, "enc.key.bias", "noise floor", report=True)
+    need(status(rep)["enc.key.bias"] == "ok", f"statuses {status(rep)}")
+    notes = [f for f in rep["runs"][0]["findings"] if f["kind"] == "note" and "noise floor" in f["message"]]
+    need(len(notes) == 1 and notes[0]["params"] == ["enc.key.bias"], f"findings {rep['runs'][0]['findings']}")
+    need(params(rep)["enc.key.bias"]["rel_err"] > 0.1, "the fixture's key bias is not noisy enough to test anything")
+
+
+@case
+def noise_floor_keeps_a_small_real_gradient():
+    # a head whose gradient is ~1e-3 of the rest, loss summed over the shard: still x0.25 and named; a
+    # small head that is wrong (not a multiple) is still a mismatch
+    d = fresh("smallhead")
+    ranks, ref = bert_like(scale=0.25)
+    ref["aux.head.weight"] = rnd(8, 32, scale=1e-5)
+    ranks["aux.head.weight"] = (ref["aux.head.weight"] * np.float32(0.25)).astype(np.float32)
+    ref["aux.gate.weight"] = rnd(8, 32, scale=1e-5)
+    ranks["aux.gate.weight"] = rnd(8, 32, scale=1e-5)
+    refp = world_of(d, [ranks] * 4, ref)
+    text, rep = expect([d, "--ref", refp], 1, "x0.25 (= 1/world)", report=True)
+    st = status(rep)
+    need(st["aux.head.weight"] == "scaled" and st["enc.query.weight"] == "scaled", f"statuses {st}")
+    need(st["aux.gate.weight"] == "mismatch", f"statuses {st}")
+    need(st["enc.key.bias"] == "ok", f"statuses {st}")
+    need("aux.head.weight" in finding(rep, "scaled")["params"], f"the x0.25 finding lacks the head: {finding(rep, 'scaled')}")
+
+
+def bf16_like(d, scale, precision="bf16", bias=1.0):
+    """F32 dumps of a step computed in bf16: per-element errors of ~2e-3 against the reference"""
+    ref = {"l1.weight": rnd(64, 32, scale=1e-2), "l1.bias": rnd(64, scale=1e-2), "l2.weight": rnd(8, 64, scale=3e-2)}
+    ranks = {k: (v * scale * bias * (1 + 2e-3 * R.standard_normal(v.shape))).astype(np.float32) for k, v in ref.items()}
+    extra = {"gradcheck.precision": precision} if precision else None
+    return world_of(d, [ranks] * 4, ref, meta_extra=extra, ref_meta_extra=extra)
+
+
+@case
+def precision_bf16_sets_the_tolerance_and_says_why():
+    d = fresh("bf16")
+    refp = bf16_like(d, 1.0)
+    text, rep = expect([d, "--ref", refp], 0, "tolerance 0.01 (from gradcheck.precision=bf16)", report=True)
+    need(rep["runs"][0]["tolerance_reason"] == "gradcheck.precision=bf16", f"{rep['runs'][0].get('tolerance_reason')}")
+    need(set(status(rep).values()) == {"ok"}, f"statuses {status(rep)}")
+    # without the metadata: the stored F32's 1e-5, and the same numbers are findings
+    d2 = fresh("bf16_nometa")
+    refp = bf16_like(d2, 1.0, precision=None)
+    expect([d2, "--ref", refp], 1, "(from the dtypes)")
+    # Lightning's spelling, and an unknown one
+    d3 = fresh("bf16_lightning")
+    expect([d3, "--ref", bf16_like(d3, 1.0, precision="bf16-mixed")], 0, "gradcheck.precision=bf16")
+    d4 = fresh("fp8")
+    refp = bf16_like(d4, 1.0, precision="fp8")
+    expect([d4, "--ref", refp], 2, "gradcheck.precision", "fp8")
+
+
+@case
+def precision_bf16_summed_loss_reads_x025():
+    # a summed loss under bf16: every ratio is 0.249 or so; the user reads x0.25, in one finding
+    d = fresh("bf16sum")
+    refp = bf16_like(d, 0.25, bias=0.996)
+    text, rep = expect([d, "--ref", refp], 1, "x0.25 (= 1/world)", report=True)
+    msg = finding(rep, "scaled")["message"]
+    need("x0.25 " in msg and "x0.249" not in msg, f"the finding: {msg}")   # the table keeps the measured ratio
+    need(set(status(rep).values()) == {"scaled"}, f"statuses {status(rep)}")
+    need(kinds(rep).count("scaled") == 1, f"kinds {kinds(rep)}")
+
+
+@case
+def scalar_ratio_is_a_wrong_value_not_a_scale():
+    d = fresh("scalar")
+    ref = {"w": rnd(16, 8), "logit_scale": np.array([2.0], np.float32)}
+    ranks = {"w": ref["w"], "logit_scale": np.array([2.0 * 0.34497], np.float32)}
+    refp = world_of(d, [ranks] * 2, ref)
+    text, rep = expect([d, "--ref", refp], 1, "logit_scale: wrong value", report=True)
+    need(status(rep)["logit_scale"] == "mismatch", f"statuses {status(rep)}")
+    need("scaled" not in kinds(rep), f"kinds {kinds(rep)}")
+    # the same scalar beside tensors that show its factor: part of that scale
+    d2 = fresh("scalar_backed")
+    ranks2 = {"w": (ref["w"] * np.float32(0.5)).astype(np.float32), "logit_scale": np.array([1.0], np.float32)}
+    refp = world_of(d2, [ranks2] * 2, ref)
+    text, rep = expect([d2, "--ref", refp], 1, "x0.5 (= 1/world)", report=True)
+    need(status(rep) == {"w": "scaled", "logit_scale": "scaled"}, f"statuses {status(rep)}")
+
+
+@case
+def unused_in_the_reference_too_is_a_note():
+    d = fresh("unused")
+    ref = {"w": rnd(4, 4), "head.w": None}
+    refp = world_of(d, [{"w": ref["w"], "head.w": None}] * 2, ref)
+    text, rep = expect([d, "--ref", refp], 0, "head.w", "not a distributed-training defect", report=True)
+    need(status(rep)["head.w"] == "none", f"statuses {status(rep)}")
+    # one cut on the way (the reference has it) is still a finding, the unused one still a note
+    d2 = fresh("unused_and_cut")
+    ref = {"w": rnd(4, 4), "head.w": None, "aux.w": rnd(3)}
+    refp = world_of(d2, [{"w": ref["w"], "head.w": None, "aux.w": None}] * 2, ref)
+    text, rep = expect([d2, "--ref", refp], 1, "aux.w receives no gradient", report=True)
+    need(finding(rep, "none")["params"] == ["aux.w"], f"{finding(rep, 'none')}")
+
+
+# ----------------------------------------------------------------------------
+# limits (issue 23): many names, many files, NUL inside a header string
+
+
+@case
+def partial_20k_params_is_not_quadratic():
+    # half the 20,000 parameters None on rank 1: the names of the findings are looked up by binary
+    # search, not by a pass over every parameter per name (before: over 100 s; now about 2 s)
+    d = fresh("p20k")
+    names = [f"layer{i // 8}.block.p{i}" for i in range(20000)]
+    a = np.ones(2, np.float32)
+    for k in range(2):
+        g = {n: (a if k == 0 or i % 2 == 0 else None) for i, n in enumerate(names)}
+        w.write_dump(f"{d}/r{k}.safetensors", g, rank=k, world=2, params=names)
+    t0 = time.monotonic()
+    rc, out, err = t.run([d, "--no-json"], timeout=60)
+    print(f"# partial_20k: {time.monotonic() - t0:.1f} s")
+    need(rc == 1, f"exit {rc}: {err[-400:]}")
+
+
+@case
+def three_thousand_dumps_under_ulimit_1024():
+    # a rank's dump is mapped, then its descriptor closed: 3,000 files under `ulimit -n 1024`
+    d = fresh("dumps3000")
+    W = 3000
+    for k in range(W):
+        w.write_dump(f"{d}/r{k:04d}.safetensors", {"a": np.full(2, 1.5, np.float32)}, rank=k, world=W)
+    argv = [t.BIN, "check", d, "--no-json"]
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    p = subprocess.run(argv, capture_output=True, timeout=60, preexec_fn=limit)
+    text = (p.stdout + p.stderr).decode(errors="replace")
+    need(p.returncode == 0, f"exit {p.returncode} under ulimit -n 1024: {text[-600:]}")
+
+
+@case
+def nul_inside_header_strings_is_exit_2_named():
+    d = fresh("nul")
+    for what, m_stage, dtype in [("stage", "local\u0000x", "F32"), ("dtype", "reduced", "F32\u0000")]:
+        m = w.meta(0, 1, m_stage, ["a"])
+        header = {"__metadata__": m, "a": {"dtype": dtype, "shape": [2], "data_offsets": [0, 8]}}
+        path = w.write(os.path.join(d, f"{what}.safetensors"), w.file_bytes(header, b"\0\0\x80\x3f" * 2))
+        text, _ = expect([path], 2, path, "NUL")
+    # a raw NUL byte (not JSON either way)
+    raw = w.header_bytes({"__metadata__": w.meta(0, 1, "reduced", ["a"]), "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
+    raw = raw.replace(b'"reduced"', b'"red\x00ced"')
+    path = w.write(os.path.join(d, "raw.safetensors"), w.file_bytes(raw.decode("latin-1"), b"\0\0\x80\x3f" * 2))
+    expect([path], 2, path)
+
+
+# ----------------------------------------------------------------------------
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: test_check_verdicts.py GRADCHECK_DIST")
+    t.BIN = os.path.abspath(sys.argv[1])
+    only = os.environ.get("GCD_TEST_ONLY")
+    passed = failed = 0
+    with tempfile.TemporaryDirectory(prefix="gcd-check-verdicts-") as tmp:
+        t.TMP = tmp
+        for fn in CASES:
+            if only and only not in fn.__name__:
+                continue
+            try:
+                fn()
+                print(f"ok {fn.__name__}", flush=True)
+                passed += 1
+            except Fail as e:
+                print(f"FAIL {fn.__name__}: {e}", flush=True)
+                failed += 1
+            except Exception as e:   # a bug in the test itself is a failure too
+                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+                failed += 1
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
