@@ -174,6 +174,101 @@ def unused_in_the_reference_too_is_a_note():
 
 
 # ----------------------------------------------------------------------------
+# both stages in one verdict (issue 24: 5)
+
+
+def two_stages(d, reduced_like_ref=False):
+    """An aux head used on even ranks only (world 4): local dumps lack it on ranks 1 and 3; the reduced
+    dumps hold (g0 + g2) / 4 on every rank; the reference used it on every rank's data (or, with
+    reduced_like_ref, on the even ranks' data alone)."""
+    W = 4
+    aux = [f"aux.head.{i}.weight" for i in range(7)]
+    contrib = [{n: rnd(8, 8) for n in aux} for _ in range(W)]
+    body = rnd(16, 8)
+    local = [{"body.weight": body, **{n: (contrib[k][n] if k % 2 == 0 else None) for n in aux}} for k in range(W)]
+    reduced = {"body.weight": body, **{n: ((contrib[0][n] + contrib[2][n]) / 4).astype(np.float32) for n in aux}}
+    ref = dict(reduced) if reduced_like_ref else {"body.weight": body, **{n: (sum(c[n] for c in contrib) / 4).astype(np.float32) for n in aux}}
+    names = ["body.weight"] + aux
+    os.makedirs(f"{d}/local", exist_ok=True)
+    os.makedirs(f"{d}/reduced", exist_ok=True)
+    for k in range(W):
+        w.write_dump(f"{d}/local/rank{k}.safetensors", local[k], rank=k, world=W, stage="local", params=names)
+        w.write_dump(f"{d}/reduced/rank{k}.safetensors", reduced, rank=k, world=W, stage="reduced", params=names)
+    return w.write_dump(f"{d}/ref.safetensors", ref, params=names)
+
+
+@case
+def both_stages_lead_with_the_ranks_that_gave_none():
+    d = fresh("stages")
+    refp = two_stages(d)
+    text, rep = expect([f"{d}/local", f"{d}/reduced", "--ref", refp], 1, "aux.* get no gradient on ranks 1 and 3 before DDP's all-reduce",
+                       report=True)
+    fs = [f for f in rep["runs"][0]["findings"] if f["counts"]]
+    need(fs[0]["kind"] == "local_none" and len(fs[0]["params"]) == 7, f"the first finding: {fs[0]}")
+    need("mismatch" not in kinds(rep), f"the reduced gradients' mismatches are told apart from their cause: {kinds(rep)}")
+    need(rep["runs"][0]["stage"] == "reduced" and status(rep)["body.weight"] == "ok", f"{status(rep)}")
+    # the ticket's title names the cause
+    path = os.path.join(t.TMP, "stages.json")
+    expect([f"{d}/reduced", f"{d}/local", "--ref", refp, "--json", path], 1)
+    rc, out, err = t.run([path, "--format", "md"], cmd="report")
+    title = out.splitlines()[0] if out else ""
+    need(rc == 0 and "ranks 1 and 3" in title, f"the ticket's title: {title!r}")
+    # one stage alone: as before (the reduced: mismatches; the local: partial)
+    expect([f"{d}/reduced", "--ref", refp], 1, "aux.head.*: 7 of 7 parameters with wrong gradients")
+    expect([f"{d}/local", "--ref", refp], 1, "None on ranks 1 and 3")
+    # a rank missing from one stage is bad input, named
+    os.remove(f"{d}/local/rank2.safetensors")
+    expect([f"{d}/local", f"{d}/reduced", "--ref", refp], 2, "rank 2 has no local dump")
+
+
+@case
+def both_stages_none_on_some_ranks_but_reduced_right_is_a_note():
+    d = fresh("stages_ok")
+    refp = two_stages(d, reduced_like_ref=True)
+    text, rep = expect([f"{d}/local", f"{d}/reduced", "--ref", refp], 0, "no gradient on ranks 1 and 3 before DDP's all-reduce",
+                       "still matches", report=True)
+
+
+# ----------------------------------------------------------------------------
+# many wrong gradients: grouped (issue 24: 7)
+
+
+def open_clip_names():
+    block = ["ln_1.weight", "ln_1.bias", "attn.in_proj_weight", "attn.in_proj_bias", "attn.out_proj.weight", "attn.out_proj.bias",
+             "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+    v = ["visual.conv1.weight", "visual.class_embedding", "visual.positional_embedding", "visual.ln_pre.weight", "visual.ln_pre.bias"]
+    v += [f"visual.transformer.resblocks.{i}.{b}" for i in range(2) for b in block]
+    v += ["visual.ln_post.weight", "visual.ln_post.bias", "visual.proj", "token_embedding.weight", "positional_embedding"]
+    v += [f"transformer.resblocks.{i}.{b}" for i in range(2) for b in block]
+    return v + ["ln_final.weight", "ln_final.bias", "text_projection", "logit_scale"]
+
+
+@case
+def many_mismatches_grouped_by_prefix():
+    # open_clip's local loss without a gradient-carrying gather: every gradient wrong (61 lines before)
+    d = fresh("clip")
+    names = open_clip_names()
+    ref = {n: rnd(6, 4) for n in names}
+    ref["logit_scale"] = np.array([1.5], np.float32)
+    ranks = {n: (v + rnd(*v.shape) * (0.2 + 0.01 * i)).astype(np.float32) for i, (n, v) in enumerate(ref.items())}
+    ranks["logit_scale"] = np.array([-0.7], np.float32)
+    refp = world_of(d, [ranks] * 4, ref)
+    text, rep = expect([d, "--ref", refp], 1, "visual.*: 32 of 32 parameters with wrong gradients", "cosine ", " to ", report=True)
+    mism = [f for f in rep["runs"][0]["findings"] if f["kind"] == "mismatch"]
+    need(len(names) == 62 and set(status(rep).values()) == {"mismatch"}, f"statuses {status(rep)}")
+    need(len(mism) <= 6, f"{len(mism)} mismatch findings: {[f['message'][:60] for f in mism]}")
+    named = [n for f in mism for n in f["params"]]
+    need(sorted(named) == sorted(names), f"the groups do not name every parameter once: {len(named)} of {len(names)}")
+    # a few stay one line each, as before
+    d2 = fresh("clip_few")
+    few = names[:4]
+    refp = world_of(d2, [{n: ranks[n] for n in few}] * 4, {n: ref[n] for n in few})
+    text, rep = expect([d2, "--ref", refp], 1, "visual.conv1.weight: wrong gradient, neither the reference nor a multiple of it: relative error",
+                       report=True)
+    need(kinds(rep).count("mismatch") == 4, f"kinds {kinds(rep)}")
+
+
+# ----------------------------------------------------------------------------
 # limits (issue 23): many names, many files, NUL inside a header string
 
 

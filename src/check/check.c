@@ -243,53 +243,70 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     char **paths = NULL;
     int n = 0, rc = expand(o, &paths, &n, err, len);
     gcd_st_file *files = gcd_malloc((size_t)(n ? n : 1) * sizeof *files);
-    long *rank = gcd_malloc((size_t)(n ? n : 1) * sizeof *rank);
+    long *rank = gcd_malloc((size_t)(n ? n : 1) * sizeof *rank), *worlds = gcd_malloc((size_t)(n ? n : 1) * sizeof *worlds);
+    char ***plist = gcd_malloc((size_t)(n ? n : 1) * sizeof *plist);
+    int *pn = gcd_malloc((size_t)(n ? n : 1) * sizeof *pn);
     char **params = NULL;
     int np = 0;
     for (int i = 0; i < n; i++) files[i].fd = -1;
-    for (int i = 0; !rc && i < n; i++) {
-        long world;
+    for (int i = 0; !rc && i < n; i++) {   // each file on its own
         if (gcd_st_open(&files[i], paths[i], err, len)) rc = open_failed(&files[i], err, len);
-        else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &world, err, len)) &&
-                 !(rc = meta_int(&files[i], "gradcheck.rank", 0, world - 1, &rank[i], err, len))) {
-            char **p = NULL;
-            int k = 0;
-            if (!(rc = meta_params(&files[i], &p, &k, err, len)) && !(rc = check_file(o, &files[i], p, k, err, len))) {
-                const char *stage = gcd_st_meta(&files[i], "gradcheck.stage");
-                if (i == 0) {
-                    set->world = (int)world, set->stage = stage, params = p, np = k;
-                    p = NULL, k = 0;
-                } else if (world != set->world)
-                    rc = fail(err, len, "%s: gradcheck.world is %ld, but %s says %d", paths[i], world, paths[0], set->world);
-                else if (strcmp(stage, set->stage))
-                    rc = fail(err, len, "%s: gradcheck.stage is %s, but %s says %s: dump every rank at the same stage", paths[i], stage, paths[0], set->stage);
-                else {
-                    const char *x;
-                    if ((x = first_missing(params, np, p, k))) rc = fail(err, len, "%s (rank %ld): gradcheck.params lacks '%.80s', which %s lists: not the same model", paths[i], rank[i], x, paths[0]);
-                    else if ((x = first_missing(p, k, params, np))) rc = fail(err, len, "%s (rank %ld): gradcheck.params lists '%.80s', which %s does not: not the same model", paths[i], rank[i], x, paths[0]);
-                }
-            }
-            if (p) free_strs(p, k);
-        }
+        else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &worlds[i], err, len)) &&
+                 !(rc = meta_int(&files[i], "gradcheck.rank", 0, worlds[i] - 1, &rank[i], err, len)) &&
+                 !(rc = meta_params(&files[i], &plist[i], &pn[i], err, len)))
+            rc = check_file(o, &files[i], plist[i], pn[i], err, len);
     }
-    // one file per rank, every rank
-    set->rank = gcd_malloc((size_t)(set->world ? set->world : 1) * sizeof *set->rank);
-    int *owner = gcd_malloc((size_t)(set->world ? set->world : 1) * sizeof *owner);
-    for (int k = 0; k < set->world; k++) owner[k] = -1, set->rank[k].fd = -1;
+    // Both stages may be given at once (local/ and reduced/ of one step): the reduced dumps are judged,
+    // the local ones say which ranks gave no gradient before the all-reduce. f0: the first judged file.
+    int f0 = 0, both = 0;
+    for (int i = 0; !rc && i < n; i++)
+        if (!strcmp(gcd_st_meta(&files[i], "gradcheck.stage"), "reduced")) { f0 = i; break; }
+    if (!rc && n) set->world = (int)worlds[f0], set->stage = gcd_st_meta(&files[f0], "gradcheck.stage"), params = plist[f0], np = pn[f0];
     for (int i = 0; !rc && i < n; i++) {
-        if (owner[rank[i]] >= 0) rc = fail(err, len, "%s and %s both claim rank %ld", paths[owner[rank[i]]], paths[i], rank[i]);
-        else owner[rank[i]] = i;
+        const char *stage = gcd_st_meta(&files[i], "gradcheck.stage"), *x;
+        both |= strcmp(stage, set->stage) != 0;
+        if (worlds[i] != set->world)
+            rc = fail(err, len, "%s: gradcheck.world is %ld, but %s says %d", paths[i], worlds[i], paths[f0], set->world);
+        else if ((x = first_missing(params, np, plist[i], pn[i])))
+            rc = fail(err, len, "%s (rank %ld): gradcheck.params lacks '%.80s', which %s lists: not the same model", paths[i], rank[i], x, paths[f0]);
+        else if ((x = first_missing(plist[i], pn[i], params, np)))
+            rc = fail(err, len, "%s (rank %ld): gradcheck.params lists '%.80s', which %s does not: not the same model", paths[i], rank[i], x, paths[f0]);
     }
-    for (int k = 0; !rc && k < set->world; k++)
-        if (owner[k] < 0) {
-            rc = fail(err, len, "world %d, but no dump for rank %d among the %d file%s given (%s%s)", set->world, k, n, n == 1 ? "" : "s", paths[0],
-                      n > 1 ? ", ..." : "");
+    // one file per rank and stage, every rank
+    int W = set->world ? set->world : 1;
+    set->rank = gcd_malloc((size_t)W * sizeof *set->rank);
+    if (both) set->local = gcd_malloc((size_t)W * sizeof *set->local);
+    int *owner = gcd_malloc((size_t)W * 2 * sizeof *owner);
+    for (int k = 0; k < W; k++) owner[k] = owner[W + k] = -1, set->rank[k].fd = -1;
+    for (int k = 0; both && k < W; k++) set->local[k].fd = -1;
+    for (int i = 0; !rc && i < n; i++) {
+        int *own = owner + (strcmp(gcd_st_meta(&files[i], "gradcheck.stage"), set->stage) ? W : 0);
+        if (own[rank[i]] >= 0) rc = fail(err, len, "%s and %s both claim rank %ld", paths[own[rank[i]]], paths[i], rank[i]);
+        else own[rank[i]] = i;
+    }
+    for (int s2 = both; s2 >= 0; s2--)   // the local stage first: a lone file of the other stage is named
+        for (int k = 0; !rc && k < set->world; k++) {
+            if (owner[s2 * W + k] >= 0) continue;
+            int other = owner[(1 - s2) * W + k];
+            if (!both) rc = fail(err, len, "world %d, but no dump for rank %d among the %d file%s given (%s%s)", set->world, k, n, n == 1 ? "" : "s",
+                                 paths[0], n > 1 ? ", ..." : "");
+            else if (other >= 0)
+                rc = fail(err, len, "%s: gradcheck.stage is %s, but rank %d has no %s dump, which other ranks have: give every rank's dump of "
+                                    "each stage (local and reduced), or one stage alone", paths[other], gcd_st_meta(&files[other], "gradcheck.stage"), k,
+                          s2 ? "local" : "reduced");
+            else rc = fail(err, len, "world %d, but no %s dump for rank %d among the %d files given (%s, ...)", set->world, s2 ? "local" : "reduced", k, n, paths[0]);
         }
-    if (!rc)
+    if (!rc) {
         for (int k = 0; k < set->world; k++) set->rank[k] = files[owner[k]], files[owner[k]].fd = -1, files[owner[k]].path = NULL;
-    for (int i = 0; i < n; i++)
+        for (int k = 0; both && k < set->world; k++) set->local[k] = files[owner[W + k]], files[owner[W + k]].fd = -1, files[owner[W + k]].path = NULL;
+        if (both) set->stage = gcd_st_meta(&set->rank[0], "gradcheck.stage");   // the string now lives in set->rank
+        plist[f0] = NULL;   // kept as params
+    } else if (n) plist[f0] = NULL;
+    for (int i = 0; i < n; i++) {
         if (files[i].path) gcd_st_close(&files[i]);
-    free(files), free(rank), free(owner);
+        if (plist[i]) free_strs(plist[i], pn[i]);
+    }
+    free(files), free(rank), free(worlds), free(plist), free(pn), free(owner);
     free_strs(paths, n);
     set->params = params, set->nparams = np;
     if (rc) return free_strs(ref_params, nref), rc;
@@ -349,6 +366,8 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
 void gcd_check_free(gcd_check_set *set) {
     for (int k = 0; set->rank && k < set->world; k++) gcd_st_close(&set->rank[k]);
+    for (int k = 0; set->local && k < set->world; k++) gcd_st_close(&set->local[k]);
+    free(set->local);
     if (set->has_ref) gcd_st_close(&set->ref);
     free(set->rank);
     free(set->sha256);
@@ -669,6 +688,10 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
             }
         }
         for (int k = 0; k < W; k++) p->rank_first_nonfinite[k] = -1;
+        if (set->local) {   // both stages: which ranks had a gradient before the all-reduce (the headers say)
+            p->local_has = gcd_malloc((size_t)W);
+            for (int k = 0; k < W; k++) p->local_nhave += p->local_has[k] = gcd_st_find(&set->local[k], p->name) != NULL;
+        }
         p->ref_none = set->has_ref && !s.t[W];
         p->ndim = -1;   // unknown: None on every rank and in the reference
         if (any) {

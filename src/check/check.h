@@ -22,7 +22,8 @@ typedef struct {
 typedef struct {
     int world;
     const char *stage;          // "local" or "reduced"
-    gcd_st_file *rank;          // (world) rank k's dump
+    gcd_st_file *rank;          // (world) rank k's dump (stage reduced when both stages are given)
+    gcd_st_file *local;         // (world) rank k's local dump when both stages are given, else NULL
     gcd_st_file ref;            // has_ref
     int has_ref;
     char (*sha256)[65];         // (world + 1) hex digests, the reference's last

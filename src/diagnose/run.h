@@ -43,6 +43,10 @@ typedef struct {
     gcd_status status;
     double norm, ref_norm, rel_err, scale, cosine;   // NAN where undefined
     long nonfinite, first_nonfinite;
+    unsigned char *local_has;     // check with both stages: (world) 1 where rank k's local dump has it, else NULL
+    int local_nhave;              // ranks whose local dump has it
+    int explained;                // verdict.c: its reduced figures are told in the finding of their cause (local None)
+    int grouped;                  // verdict.c: named in a finding of many mismatches under one prefix
     int at_floor;                 // ok because ||g - r|| is below the model's noise floor (verdict.c: noise_floor)
     // check only (dumps): NULL / 0 for the probes
     const char *dtype;            // the dumps' dtype, "F32"
@@ -74,7 +78,7 @@ typedef struct {
 } gcd_feat_grads;
 
 typedef struct {
-    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, learning_stopped, forward, note
+    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, local_none, learning_stopped, forward, note
     int counts;             // 1: a gradient finding; 0: a note
     char *params;           // comma-separated names (malloc'd)
     char *message;          // (malloc'd)

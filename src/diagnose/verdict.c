@@ -200,13 +200,13 @@ static int names(const gcd_run_result *res, pick_fn pick, const void *arg, gcd_s
     return n;
 }
 
-static int by_status(const gcd_param_result *p, const void *arg) { return p->status == *(const gcd_status *)arg; }
+static int by_status(const gcd_param_result *p, const void *arg) { return p->status == *(const gcd_status *)arg && !p->explained; }
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
 static int same_shown(double a, double b, double tol);
 static double scale_tol;   // gcd_verdict's res->tol, for same_scale
 static int same_scale(const gcd_param_result *p, const void *arg) {
-    return p->status == GCD_ST_SCALED && same_shown(p->scale, *(const double *)arg, scale_tol);
+    return p->status == GCD_ST_SCALED && !p->explained && same_shown(p->scale, *(const double *)arg, scale_tol);
 }
 static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none; }
 static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none; }
@@ -308,6 +308,183 @@ static void scalars(gcd_run_result *res) {
 }
 
 // ----------------------------------------------------------------------------
+// many wrong gradients: one finding per name prefix, with the range of their figures
+
+enum { GROUPS = 6 };   // more mismatches than this: grouped into at most this many findings
+
+static int grouped_mismatch(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_MISMATCH && !p->ref_none && !p->explained;
+}
+
+// the first `depth` dotted components of name with their dot ("visual.transformer."), or the whole name
+static size_t prefix_len(const char *name, int depth) {
+    const char *s = name;
+    for (int d = 0; d < depth; d++) {
+        const char *dot = strchr(s, '.');
+        if (!dot) return strlen(name);
+        s = dot + 1;
+    }
+    return (size_t)(s - name);
+}
+
+static int by_key(const void *a, const void *b) {   // (name, len) pairs
+    const gcd_param_result *x = idx.res->param + ((const int *)a)[0], *y = idx.res->param + ((const int *)b)[0];
+    size_t lx = (size_t)((const int *)a)[1], ly = (size_t)((const int *)b)[1];
+    int c = strncmp(x->name, y->name, lx < ly ? lx : ly);
+    return c ? c : (lx > ly) - (lx < ly);
+}
+
+// distinct prefixes of the picked at depth d
+static int distinct_at(const int *pick, int n, int depth, int *pairs) {
+    for (int i = 0; i < n; i++) pairs[2 * i] = pick[i], pairs[2 * i + 1] = (int)prefix_len(idx.res->param[pick[i]].name, depth);
+    qsort(pairs, (size_t)n, 2 * sizeof *pairs, by_key);
+    int k = n ? 1 : 0;
+    for (int i = 1; i < n; i++) k += by_key(pairs + 2 * i - 2, pairs + 2 * i) != 0;
+    return k;
+}
+
+static void range(gcd_sb *m, double lo, double hi) {
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%.3g", lo), snprintf(b, sizeof b, "%.3g", hi);
+    if (!strcmp(a, b)) gcd_sb_printf(m, "%s", a);
+    else gcd_sb_printf(m, "%s to %s", a, b);
+}
+
+// The deepest prefix that splits the wrong gradients into at most GROUPS groups; where even the first
+// component gives more, the largest GROUPS - 1 groups and one of the rest. Marks them p->grouped.
+static void mismatch_groups(gcd_run_result *res) {
+    int n = 0, maxd = 1;
+    int *pick = gcd_malloc((size_t)res->nparam * sizeof *pick), *pairs = gcd_malloc((size_t)res->nparam * 2 * sizeof *pairs);
+    for (int i = 0; i < res->nparam; i++)
+        if (grouped_mismatch(&res->param[i], NULL)) {
+            pick[n++] = i;
+            int d = 1;
+            for (const char *c = res->param[i].name; *c; c++) d += *c == '.';
+            maxd = d > maxd ? d : maxd;
+        }
+    int depth = 1;
+    for (int d = maxd; d >= 1; d--)
+        if (distinct_at(pick, n, d, pairs) <= GROUPS) { depth = d; break; }
+    int ng = distinct_at(pick, n, depth, pairs);
+    // groups in order of their first parameter: g[i] for pick[i]
+    int *grp = gcd_malloc((size_t)res->nparam * sizeof *grp), *size = gcd_malloc((size_t)(ng + 1) * sizeof *size);
+    for (int i = 0, gi = -1; i < n; i++) {
+        if (i == 0 || by_key(pairs + 2 * i - 2, pairs + 2 * i)) gi++, size[gi] = 0;
+        grp[pairs[2 * i]] = gi, size[gi]++;
+    }
+    int *order = gcd_malloc((size_t)(ng + 1) * sizeof *order), no = 0;   // group ids by first appearance
+    unsigned char *listed = gcd_malloc((size_t)ng + 1);
+    for (int i = 0; i < n; i++)
+        if (!listed[grp[pick[i]]]) listed[grp[pick[i]]] = 1, order[no++] = grp[pick[i]];
+    int keep = ng <= GROUPS ? ng : GROUPS - 1;   // too many at depth 1: the largest keep, then the rest
+    unsigned char *own = gcd_malloc((size_t)ng + 1);
+    for (int k = 0; k < keep; k++) {
+        int best = -1;
+        for (int j = 0; j < no; j++)
+            if (!own[order[j]] && (best < 0 || size[order[j]] > size[best])) best = order[j];
+        own[best] = 1;
+    }
+    for (int j = 0; j <= no; j++) {   // the kept groups in order (j < no), then the rest as one (j == no)
+        int g = j < no ? order[j] : -1;
+        if (j < no && !own[g]) continue;
+        gcd_sb m = { 0 }, ids = { 0 };
+        double clo = INFINITY, chi = -INFINITY, elo = INFINITY, ehi = -INFINITY;
+        int cnt = 0, away = 0;
+        const gcd_param_result *first = NULL;
+        for (int i = 0; i < n; i++) {
+            gcd_param_result *p = &res->param[pick[i]];
+            if (j < no ? grp[pick[i]] != g : own[grp[pick[i]]]) continue;
+            first = first ? first : p;
+            p->grouped = 1, cnt++;
+            away += p->scale <= 0;
+            clo = fmin(clo, p->cosine), chi = fmax(chi, p->cosine), elo = fmin(elo, p->rel_err), ehi = fmax(ehi, p->rel_err);
+            gcd_sb_printf(&ids, "%s%s", ids.len ? "," : "", p->name);
+        }
+        if (!cnt) continue;
+        if (j < no) {
+            size_t k = prefix_len(first->name, depth);
+            int lo, hi;
+            prefix_run(first->name, k, &lo, &hi);
+            if (cnt == 1) gcd_sb_printf(&m, "%s: wrong gradient", first->name);
+            else gcd_sb_printf(&m, "%.*s*: %d of %d parameters with wrong gradients", (int)k, first->name, cnt, hi - lo);
+        } else if (cnt <= 3) {   // a few: by name
+            for (int i = 0, c = 0; i < n; i++)
+                if (!own[grp[pick[i]]])
+                    gcd_sb_printf(&m, "%s%s", c == 0 ? "" : c == cnt - 1 ? " and " : ", ", res->param[pick[i]].name), c++;
+            gcd_sb_printf(&m, ": %s with wrong gradients", cnt == 1 ? "one" : cnt == 2 ? "two" : "three");
+        } else gcd_sb_printf(&m, "%d more parameters under other names with wrong gradients (the report lists them)", cnt);
+        gcd_sb_printf(&m, ", neither the reference nor a multiple of it%s: cosine ", away ? " (some pointing away from it)" : "");
+        range(&m, clo, chi);
+        gcd_sb_printf(&m, ", relative error ");
+        range(&m, elo, ehi);
+        emit(res, "mismatch", 1, &ids, &m);
+    }
+    free(pick), free(pairs), free(grp), free(size), free(order), free(listed), free(own);
+}
+
+// ----------------------------------------------------------------------------
+// both stages: the cause first. A parameter None on some ranks before DDP's all-reduce (their local
+// dumps lack it) has, after it, the mean with zeros in their place on every rank: the reduced dumps
+// alone show a wrong or scaled gradient and not why.
+
+static int local_cut(const gcd_param_result *p) { return p->local_has && p->local_nhave < p->nhave && p->status != GCD_ST_NONE; }
+
+static int cut_world;   // stage_cause's world, for same_cut
+static int same_cut(const gcd_param_result *p, const void *arg) {
+    return local_cut(p) && !memcmp(p->local_has, ((const gcd_param_result *)arg)->local_has, (size_t)cut_world);
+}
+
+static void stage_cause(gcd_run_result *res) {
+    int W = cut_world = res->world;
+    unsigned char *done = gcd_malloc((size_t)res->nparam + 1);
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (!local_cut(p) || done[i]) continue;
+        gcd_sb m = { 0 }, ids = { 0 }, who = { 0 };
+        int n = names(res, same_cut, p, &who, &ids), ok = 0, scaled = 0, alike = 1;
+        double clo = INFINITY, chi = -INFINITY, elo = INFINITY, ehi = -INFINITY;
+        for (int j = 0; j < res->nparam; j++) {
+            const gcd_param_result *q = &res->param[j];
+            if (!same_cut(q, p)) continue;
+            done[j] = 1;
+            ok += q->status == GCD_ST_OK, scaled += q->status == GCD_ST_SCALED;
+            if (q->status == GCD_ST_SCALED && !same_shown(q->scale, p->scale, res->tol)) alike = 0;
+            if (isfinite(q->cosine)) clo = fmin(clo, q->cosine), chi = fmax(chi, q->cosine);
+            if (isfinite(q->rel_err)) elo = fmin(elo, q->rel_err), ehi = fmax(ehi, q->rel_err);
+        }
+        int missing = W - p->local_nhave;
+        gcd_sb_printf(&m, "%s %s no gradient on rank%s ", who.s, plural(n, "gets", "get"), plural(missing, "", "s"));
+        gcd_ranks_list(&m, p->local_has, 0, W);
+        gcd_sb_printf(&m, " before DDP's all-reduce (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
+                      plural(missing, "its", "their"), plural(missing, "", "s"), plural(missing, "its", "their"));
+        if (ok == n) {   // what the reference computes too (it skips them there as well): a note
+            gcd_sb_printf(&m, "and the result still matches the single-process reference");
+            emit(res, "note", 0, &ids, &m);
+        } else {
+            for (int j = 0; j < res->nparam; j++) res->param[j].explained |= same_cut(&res->param[j], p);
+            gcd_sb_printf(&m, "so every rank holds ");
+            if (scaled == n && alike) gcd_sb_printf(&m, "the reference x%.6g", shown_scale(p->scale, res->tol));
+            else {
+                gcd_sb_printf(&m, "a gradient that is not the reference's");
+                if (clo <= chi) {
+                    gcd_sb_printf(&m, " (cosine ");
+                    range(&m, clo, chi);
+                    gcd_sb_printf(&m, ", relative error ");
+                    range(&m, elo, ehi);
+                    gcd_sb_printf(&m, ")");
+                }
+            }
+            gcd_sb_printf(&m, " after it (the reduced dumps): the cause is upstream of DDP, where %s rank%s computed no gradient for %s",
+                          plural(missing, "that", "those"), plural(missing, "", "s"), plural(n, "it", "them"));
+            emit(res, "local_none", 1, &ids, &m);
+        }
+        gcd_sb_free(&who);
+    }
+    free(done);
+}
+
+// ----------------------------------------------------------------------------
 // the run's findings
 
 void gcd_verdict(gcd_run_result *res) {
@@ -337,6 +514,7 @@ void gcd_verdict(gcd_run_result *res) {
         }
     }
 
+    if (check) stage_cause(res);
     if ((n = count(res, none_real, NULL))) {   // None on every rank where the reference has one (or there is none to ask)
         int have = count(res, with_grad, NULL);
         gcd_sb words = { 0 };
@@ -369,7 +547,7 @@ void gcd_verdict(gcd_run_result *res) {
     }
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (p->status != GCD_ST_PARTIAL) continue;
+        if (p->status != GCD_ST_PARTIAL || p->explained) continue;
         gcd_sb_printf(&ids, "%s", p->name);
         gcd_sb_printf(&m, "%s has a gradient on %d of %d ranks; None on rank%s ", p->name, p->nhave, res->world,
                       plural(res->world - p->nhave, "", "s"));
@@ -386,7 +564,7 @@ void gcd_verdict(gcd_run_result *res) {
     }
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (p->status != GCD_ST_NONFINITE) continue;
+        if (p->status != GCD_ST_NONFINITE || p->explained) continue;
         gcd_sb_printf(&ids, "%s", p->name);
         if (p->rank_nonfinite) {
             gcd_sb_printf(&m, "%s: NaN or infinite gradient values", p->name);
@@ -404,7 +582,7 @@ void gcd_verdict(gcd_run_result *res) {
     if ((n = count(res, by_status, &st))) {
         const gcd_param_result *worst = NULL;
         for (int i = 0; i < res->nparam; i++)
-            if (res->param[i].status == st && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+            if (by_status(&res->param[i], &st) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
         names(res, by_status, &st, &m, &ids);
         gcd_sb_printf(&m, " %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ",
                       plural(n, "holds", "hold"));
@@ -421,7 +599,7 @@ void gcd_verdict(gcd_run_result *res) {
     int nscales = 0;
     for (int i = 0; i < res->nparam; i++) {   // one finding per distinct scale
         const gcd_param_result *p = &res->param[i];
-        if (p->status != GCD_ST_SCALED) continue;
+        if (p->status != GCD_ST_SCALED || p->explained) continue;
         int seen = 0;
         for (int j = 0; j < nscales && !seen; j++) seen = same_shown(p->scale, scales[j], res->tol);
         if (seen) continue;
@@ -442,9 +620,10 @@ void gcd_verdict(gcd_run_result *res) {
         emit(res, "scaled", 1, &ids, &m);
     }
     free(scales);
+    if (count(res, grouped_mismatch, NULL) > GROUPS) mismatch_groups(res);
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
-        if (p->status != GCD_ST_MISMATCH) continue;
+        if (p->status != GCD_ST_MISMATCH || p->grouped || p->explained) continue;
         gcd_sb_printf(&ids, "%s", p->name);
         if (p->ref_none) gcd_sb_printf(&m, "%s: the ranks have a gradient but the single-process reference has none (None)", p->name);
         else if (p->n == 1 && p->scale > 0)

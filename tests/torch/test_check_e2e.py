@@ -13,7 +13,7 @@ whole batch, which the reference (one process, no process group, same seed) dump
   c  b with the own slot put back (open_clip / torchmetrics): encoders scaled 1/world, exit 1
   d  a with a NaN put into rank 1's img.weight gradient after backward: nonfinite, exit 1
   e  a with rank 2's txt.bias gradient changed after the all-reduce: disagree, exit 1
-  f  a without --ignore: the unused head is none, exit 1
+  f  a without --ignore: the unused head is none on every rank and in the reference: a note, exit 0
   g  a dumped in bfloat16: ok at the bf16 tolerance, exit 0
 Every dump is written twice, by safetensors and by the built-in writer (GRADCHECK_DIST_NO_SAFETENSORS=1),
 read back and compared with the gradients in Python, and every scenario's numbers are checked in Python
@@ -255,7 +255,7 @@ def binary_checks(gcd, out, ref, work):
         ("c", "c", ign, 1, dict({n: "scaled" for n in enc}, logit_scale="ok"), {n: 1 / W for n in enc}),
         ("d", "d", ign, 1, dict(ok5, **{"img.weight": "nonfinite"}), {}),
         ("e", "e", ign, 1, dict(ok5, **{"txt.bias": "disagree"}), {}),
-        ("f", "a", [], 1, dict(ok5, **{"head.weight": "none", "head.bias": "none"}), {}),
+        ("f", "a", [], 0, dict(ok5, **{"head.weight": "none", "head.bias": "none"}), {}),
         ("g", "g", ign, 0, ok5, {}),
     ]
     for w in WRITERS:
