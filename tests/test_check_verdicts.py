@@ -269,6 +269,61 @@ def many_mismatches_grouped_by_prefix():
 
 
 # ----------------------------------------------------------------------------
+# sharded dumps (FSDP): each rank's run of each parameter, assembled as the scan streams (issue 24: 6)
+
+
+def sharded(d, runs, scale=1.0, none_on=(), prefix="_fsdp_wrapped_module."):
+    """world len(runs): rank k holds elements runs[k] = (start, end) of layers.0.w (6, 5), flat, under the
+    FSDP wrapper's name; layers.0.b (5) is whole on every rank. The reference is whole, plain names."""
+    W = len(runs)
+    ref = {"layers.0.w": rnd(6, 5), "layers.0.b": rnd(5)}
+    flat = (ref["layers.0.w"].reshape(-1) * np.float32(scale)).astype(np.float32)
+    names = [prefix + "layers.0.w", prefix + "layers.0.b"]
+    for k, (a, b) in enumerate(runs):
+        run = np.concatenate([flat[a:b], np.zeros(max(0, b - max(a, 30)), np.float32)])   # past the end: padded
+        g = {names[0]: None if k in none_on else run, names[1]: (ref["layers.0.b"] * np.float32(scale)).astype(np.float32)}
+        m = w.meta(k, W, "reduced", names)
+        m["gradcheck.shards"] = json.dumps({names[0]: {"shape": [6, 5], "start": a}})
+        w.write_dump(f"{d}/r{k}.safetensors", g, metadata=m, params=names)
+    return w.write_dump(f"{d}.ref.safetensors", ref)
+
+
+TILE = [(0, 8), (8, 16), (16, 24), (24, 30)]
+
+
+@case
+def sharded_runs_assembled_under_original_names():
+    d = fresh("fsdp_ok")
+    refp = sharded(d, TILE)
+    text, rep = expect([d, "--ref", refp], 0, report=True)
+    need(status(rep) == {"layers.0.w": "ok", "layers.0.b": "ok"}, f"statuses {status(rep)}")
+    need(params(rep)["layers.0.w"]["shape"] == [6, 5], f"shape {params(rep)['layers.0.w']['shape']}")
+    d2 = fresh("fsdp_scaled")
+    refp = sharded(d2, TILE, scale=0.25)
+    text, rep = expect([d2, "--ref", refp], 1, "x0.25 (= 1/world)", report=True)
+    need(status(rep) == {"layers.0.w": "scaled", "layers.0.b": "scaled"}, f"statuses {status(rep)}")
+    d3 = fresh("fsdp_none")
+    refp = sharded(d3, TILE, none_on=(2,))
+    text, rep = expect([d3, "--ref", refp], 1, "layers.0.w has a gradient on 3 of 4 ranks; None on rank 2", report=True)
+    # an empty run (FSDP pads the last ranks) is no gap
+    d4 = fresh("fsdp_empty")
+    expect([d4, "--ref", sharded(d4, [(0, 15), (15, 30), (30, 30), (30, 30)])], 0)
+    # HSDP: two replica groups hold the same runs
+    d5 = fresh("hsdp")
+    expect([d5, "--ref", sharded(d5, [(0, 15), (15, 30), (0, 15), (15, 30)])], 0)
+
+
+@case
+def sharded_layout_that_cannot_be_read_is_exit_2_named():
+    d = fresh("fsdp_overlap")
+    expect([d, "--ref", sharded(d, [(0, 8), (6, 16), (16, 24), (24, 30)])], 2, "layers.0.w", "overlaps")
+    d2 = fresh("fsdp_gap")
+    expect([d2, "--ref", sharded(d2, [(0, 8), (9, 16), (16, 24), (24, 30)])], 2, "layers.0.w", "[8, 9) are in no rank's shard")
+    d3 = fresh("fsdp_past")
+    expect([d3, "--ref", sharded(d3, [(0, 8), (8, 16), (16, 24), (24, 31)])], 2, "layers.0.w")
+
+
+# ----------------------------------------------------------------------------
 # limits (issue 23): many names, many files, NUL inside a header string
 
 

@@ -119,6 +119,89 @@ static const char *first_missing(char *const *a, int na, char *const *b, int nb)
     return miss;
 }
 
+// ----------------------------------------------------------------------------
+// original names: the wrappers' prefixes removed (FSDP, activation checkpointing, DDP, torch.compile)
+
+static void strip_wrappers(char *name) {
+    static const char *const seg[] = { "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod." };
+    if (!strncmp(name, "module.", 7)) memmove(name, name + 7, strlen(name + 7) + 1);   // DDP's, at the start only
+    for (char *at = name; *at;) {   // the others at any dotted level
+        int cut = 0;
+        for (size_t i = 0; i < sizeof seg / sizeof seg[0] && !cut; i++) {
+            size_t k = strlen(seg[i]);
+            if ((at == name || at[-1] == '.') && !strncmp(at, seg[i], k)) memmove(at, at + k, strlen(at + k) + 1), cut = 1;
+        }
+        if (!cut) at++;
+    }
+}
+
+static int rename_file(gcd_st_file *f, char *err, size_t len) {
+    const char *dup = gcd_st_rename(f, strip_wrappers);
+    if (dup) return fail(err, len, "%s: two tensors are both '%.80s' once wrapper prefixes (_fsdp_wrapped_module., module., ...) are removed", f->path, dup);
+    return 0;
+}
+
+// gradcheck.shards: {"name": {"shape": [full dims], "start": flat offset}}: this file's tensor of that
+// name holds the contiguous run of the parameter's row-major elements from start (FSDP)
+struct gcd_shard_map {
+    int n;
+    struct shard { char *name; uint64_t start, numel; int ndim; int shape[GCD_ST_MAX_DIM]; } *e;   // (n) by name
+};
+
+static int by_shard(const void *a, const void *b) { return strcmp(((const struct shard *)a)->name, ((const struct shard *)b)->name); }
+
+static const struct shard *shard_of(const gcd_shard_map *m, const char *name) {
+    struct shard key = { .name = (char *)name };
+    return m && m->n ? bsearch(&key, m->e, (size_t)m->n, sizeof *m->e, by_shard) : NULL;
+}
+
+static void shard_map_free(gcd_shard_map *m) {
+    for (int i = 0; m && i < m->n; i++) free(m->e[i].name);
+    if (m) free(m->e), m->e = NULL, m->n = 0;
+}
+
+static int load_shards(const gcd_st_file *f, gcd_shard_map *m, char *err, size_t len) {
+    const char *v = gcd_st_meta(f, "gradcheck.shards");
+    memset(m, 0, sizeof *m);
+    if (!v) return 0;
+    cJSON *doc = cJSON_Parse(v);
+    int rc = 0;
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return fail(err, len, "%s: metadata gradcheck.shards is not a JSON object {name: {\"shape\": [...], \"start\": N}}", f->path);
+    }
+    m->e = gcd_malloc((size_t)(cJSON_GetArraySize(doc) + 1) * sizeof *m->e);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, doc) {
+        struct shard *x = &m->e[m->n++];
+        x->name = gcd_strdup(e->string);
+        strip_wrappers(x->name);
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape"), *st = cJSON_GetObjectItemCaseSensitive(e, "start"), *d;
+        int bad = !cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > GCD_ST_MAX_DIM || !cJSON_IsNumber(st) || !(st->valuedouble >= 0) ||
+                  st->valuedouble > 9007199254740992.0 || st->valuedouble != floor(st->valuedouble);
+        x->numel = 1;
+        const cJSON *dims = bad ? NULL : sh;
+        cJSON_ArrayForEach(d, dims) {
+            if (!cJSON_IsNumber(d) || !(d->valuedouble >= 0) || d->valuedouble > 2147483647.0 || d->valuedouble != floor(d->valuedouble) ||
+                __builtin_mul_overflow(x->numel, (uint64_t)d->valuedouble, &x->numel)) { bad = 1; break; }
+            x->shape[x->ndim++] = (int)d->valuedouble;
+        }
+        if (bad) { rc = fail(err, len, "%s: gradcheck.shards['%.80s'] is not {\"shape\": [whole dims], \"start\": whole number}", f->path, e->string); break; }
+        x->start = (uint64_t)st->valuedouble;
+        const gcd_st_tensor *t = gcd_st_find(f, x->name);
+        if (t && (x->start > x->numel || t->n > x->numel - x->start)) {
+            rc = fail(err, len, "%s: tensor '%.80s': its %llu elements from start %llu run past the parameter's %llu (gradcheck.shards)", f->path, x->name,
+                      (unsigned long long)t->n, (unsigned long long)x->start, (unsigned long long)x->numel);
+            break;
+        }
+    }
+    cJSON_Delete(doc);
+    qsort(m->e, (size_t)m->n, sizeof *m->e, by_shard);
+    for (int i = 1; !rc && i < m->n; i++)
+        if (!strcmp(m->e[i].name, m->e[i - 1].name)) rc = fail(err, len, "%s: gradcheck.shards names '%.80s' twice", f->path, m->e[i].name);
+    return rc;
+}
+
 // gcd.params as a list of unique strings
 static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, size_t len) {
     *out = NULL, *n = 0;
@@ -135,6 +218,7 @@ static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, siz
     cJSON_ArrayForEach(s, list) {   // not cJSON_GetArrayItem(a, i): that walks the list from the head each time
         if (!cJSON_IsString(s)) { rc = fail(err, len, "%s: metadata gradcheck.params[%d] is not a string", f->path, i); break; }
         (*out)[i++] = gcd_strdup(s->valuestring);
+        strip_wrappers((*out)[i - 1]);
     }
     cJSON_Delete(a);
     if (rc) {
@@ -223,12 +307,88 @@ static int load_ref(const gcd_check_opts *o, gcd_check_set *set, char ***params,
     int rc;
     set->has_ref = 1;
     if (gcd_st_open(&set->ref, o->ref, err, len)) return open_failed(&set->ref, err, len);
+    if ((rc = rename_file(&set->ref, err, len))) return rc;
     if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
         (rc = meta_int(&set->ref, "gradcheck.rank", 0, 0, &r0, err, len)))
         return rc;
     if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
     if ((rc = meta_params(&set->ref, params, np, err, len))) return rc;
     return check_file(o, &set->ref, *params, *np, err, len);
+}
+
+// the piece of parameter j that file k holds: [start, start + n) of numel elements; 0 when it has none
+static int piece(const gcd_check_set *set, int k, const char *name, uint64_t *start, uint64_t *n, uint64_t *numel, const struct shard **sh) {
+    const gcd_st_file *f = file_of(set, k);
+    const gcd_st_tensor *t = f ? gcd_st_find(f, name) : NULL;
+    *sh = f ? shard_of(&set->shards[k], name) : NULL;
+    if (!t) return 0;
+    *start = *sh ? (*sh)->start : 0, *n = t->n, *numel = *sh ? (*sh)->numel : t->n;
+    return 1;
+}
+
+typedef struct { uint64_t a, b; int k; } run_of;
+static int by_run(const void *x, const void *y) {
+    const run_of *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a ? 1 : a->k - b->k;
+}
+
+// Every sharded parameter: one full shape in every map, the reference whole, and the ranks' runs
+// neither overlapping nor (when every rank has its run) leaving a gap. A layout that breaks this is
+// not readable: exit 2, named.
+static int check_shards(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len) {
+    int W = set->world;
+    run_of *runs = gcd_malloc((size_t)(W + 1) * sizeof *runs);
+    int rc = 0;
+    for (int j = 0; !rc && j < set->nparams; j++) {
+        const char *name = set->params[j];
+        const struct shard *full = NULL, *sh;
+        int fk = -1;
+        for (int k = 0; k <= W; k++) {
+            sh = file_of(set, k) ? shard_of(&set->shards[k], name) : NULL;
+            if (sh && !full) full = sh, fk = k;
+        }
+        if (!full || ignored(o, name)) continue;
+        set->sharded[j] = 1;
+        if (!strcmp(set->stage, "local")) { rc = fail(err, len, "tensor '%.80s': sharded (gradcheck.shards) in local dumps: dump the sharded gradients after the reduce-scatter (stage reduced)", name); break; }
+        int nr = 0;
+        for (int k = 0; !rc && k <= W; k++) {
+            uint64_t st, n, numel;
+            if (!piece(set, k, name, &st, &n, &numel, &sh)) continue;
+            int same = sh ? sh->ndim == full->ndim && !memcmp(sh->shape, full->shape, (size_t)full->ndim * sizeof full->shape[0]) : numel == full->numel;
+            if (!same) {
+                rc = fail(err, len, "tensor '%.80s': %s (%s) gives it another full shape than %s does (gradcheck.shards)", name, k == W ? "the reference" : "a rank",
+                          file_of(set, k)->path, file_of(set, fk)->path);
+                break;
+            }
+            if (k == W) {
+                if (st != 0 || n != numel) rc = fail(err, len, "tensor '%.80s': the reference %s holds elements [%llu, %llu) of %llu: it must be whole", name,
+                                                     file_of(set, k)->path, (unsigned long long)st, (unsigned long long)(st + n), (unsigned long long)numel);
+                continue;
+            }
+            runs[nr++] = (run_of){ st, st + n, k };
+        }
+        if (rc) break;
+        qsort(runs, (size_t)nr, sizeof *runs, by_run);
+        uint64_t at = 0;
+        for (int i = 0; !rc && i < nr; i++) {
+            if (runs[i].a == runs[i].b) continue;   // an empty run (FSDP pads the last ranks')
+            if (i && runs[i].a == runs[i - 1].a && runs[i].b == runs[i - 1].b) continue;   // a replica (HSDP): the same run again
+            if (runs[i].a < at) {
+                int prev = -1;
+                for (int q = i - 1; q >= 0 && prev < 0; q--) prev = runs[q].b > runs[i].a ? runs[q].k : -1;
+                rc = fail(err, len, "tensor '%.80s': rank %d's shard [%llu, %llu) overlaps rank %d's (gradcheck.shards): an unreadable layout", name, runs[i].k,
+                          (unsigned long long)runs[i].a, (unsigned long long)runs[i].b, prev);
+            } else if (runs[i].a > at && nr == W)
+                rc = fail(err, len, "tensor '%.80s': elements [%llu, %llu) are in no rank's shard (gradcheck.shards): an unreadable layout", name,
+                          (unsigned long long)at, (unsigned long long)runs[i].a);
+            at = runs[i].b > at ? runs[i].b : at;
+        }
+        if (!rc && nr == W && at != full->numel)
+            rc = fail(err, len, "tensor '%.80s': elements [%llu, %llu) are in no rank's shard (gradcheck.shards): an unreadable layout", name,
+                      (unsigned long long)at, (unsigned long long)full->numel);
+    }
+    free(runs);
+    return rc;
 }
 
 int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len) {
@@ -251,7 +411,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     for (int i = 0; i < n; i++) files[i].fd = -1;
     for (int i = 0; !rc && i < n; i++) {   // each file on its own
         if (gcd_st_open(&files[i], paths[i], err, len)) rc = open_failed(&files[i], err, len);
-        else if (!(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &worlds[i], err, len)) &&
+        else if (!(rc = rename_file(&files[i], err, len)) && !(rc = meta_int(&files[i], "gradcheck.world", 1, 1 << 16, &worlds[i], err, len)) &&
                  !(rc = meta_int(&files[i], "gradcheck.rank", 0, worlds[i] - 1, &rank[i], err, len)) &&
                  !(rc = meta_params(&files[i], &plist[i], &pn[i], err, len)))
             rc = check_file(o, &files[i], plist[i], pn[i], err, len);
@@ -320,10 +480,29 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     free_strs(ref_params, nref);
     if (rc) return rc;
 
+    // sharded dumps: each file's map, then per sharded parameter one full shape and pieces that tile it
+    set->shards = gcd_malloc((size_t)(set->world + 1) * sizeof *set->shards);
+    int any_shard = 0;
+    for (int k = 0; k <= set->world; k++) {
+        const gcd_st_file *f = file_of(set, k);
+        if (f && (rc = load_shards(f, &set->shards[k], err, len))) return rc;
+        any_shard |= set->shards[k].n > 0;
+    }
+    set->sharded = gcd_malloc((size_t)(np ? np : 1));
+    if (any_shard && (rc = check_shards(o, set, err, len))) return rc;
+
     // per parameter: one shape everywhere, and the tolerance the dtypes allow
     set->tol_default = GCD_TOL;
     for (int j = 0; j < np; j++) {
         if (ignored(o, params[j])) continue;
+        if (set->sharded[j]) {
+            for (int k = 0; k <= set->world; k++) {
+                const gcd_st_file *f = file_of(set, k);
+                const gcd_st_tensor *t = f ? gcd_st_find(f, params[j]) : NULL;
+                if (t) set->tol_default = fmax(set->tol_default, dtype_tol(t->dtype));
+            }
+            continue;
+        }
         const gcd_st_tensor *first = NULL;
         int first_rank = -1;
         for (int k = 0; k <= set->world; k++) {
@@ -368,6 +547,8 @@ void gcd_check_free(gcd_check_set *set) {
     for (int k = 0; set->rank && k < set->world; k++) gcd_st_close(&set->rank[k]);
     for (int k = 0; set->local && k < set->world; k++) gcd_st_close(&set->local[k]);
     free(set->local);
+    for (int k = 0; set->shards && k <= set->world; k++) shard_map_free(&set->shards[k]);
+    free(set->shards), free(set->sharded);
     if (set->has_ref) gcd_st_close(&set->ref);
     free(set->rank);
     free(set->sha256);
@@ -529,6 +710,8 @@ typedef struct {
     const gcd_check_set *set;
     const gcd_st_tensor **t;   // (world + 1) rank k's tensor or NULL; the reference's last
     int local;                 // stage local: g is the DDP mean; reduced: g is the first rank's
+    int sharded;               // this parameter: g is the ranks' runs side by side (FSDP), each from start[k]
+    uint64_t *start;           // (world)
     double *g, *r, *tmp;       // (CHUNK)
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2
     char *err;
@@ -546,11 +729,36 @@ static const unsigned char *bytes(scan *s, int k, uint64_t at, size_t m) {
 
 // g (and r) for elements [at, at+m); with p, also each rank's own figures (without p, a reduced
 // stage reads the first rank only: g is its gradient)
+// g for elements [at, at+m) of a sharded parameter: each rank's run where it overlaps (the rest, of
+// ranks without a gradient, zeros); with p each rank's figures over its run
+static int chunk_sharded(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
+    memset(s->g, 0, m * sizeof *s->g);
+    for (int k = 0; k < s->set->world; k++) {
+        if (!s->t[k]) continue;
+        uint64_t lo = at > s->start[k] ? at : s->start[k], end = s->start[k] + s->t[k]->n, hi = at + m < end ? at + m : end;
+        if (lo >= hi) continue;
+        const gcd_st_file *f = file_of(s->set, k);
+        reading = f->path;
+        const unsigned char *b = gcd_st_bytes(f, s->t[k], lo - s->start[k], (size_t)(hi - lo), s->err, s->len);
+        if (!b) return 2;
+        rank_acc a = { 0 };
+        take(TAKE_FIRST, s->t[k]->dtype, b, (size_t)(hi - lo), s->g + (lo - at), &a, s->tmp);
+        if (!p) continue;
+        s->sq[k] += a.sq;
+        if (a.bad) {
+            p->rank_nonfinite[k] += a.bad;
+            if (p->rank_first_nonfinite[k] < 0) p->rank_first_nonfinite[k] = (long)(lo + (uint64_t)a.first);
+        }
+    }
+    return 0;
+}
+
 static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     int W = s->set->world, got = 0;
+    if (s->sharded && chunk_sharded(s, p, at, m)) return 2;
     const unsigned char *b0 = NULL;   // the first rank's bytes, where they stay valid (mapped)
     rank_acc a0 = { 0 };
-    for (int k = 0; k < W; k++) {
+    for (int k = 0; k < W && !s->sharded; k++) {
         if (!s->t[k] || (!p && !s->local && got)) continue;
         const unsigned char *b = bytes(s, k, at, m);
         if (!b) return 2;
@@ -642,6 +850,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     s.t = gcd_malloc((size_t)(W + 1) * sizeof *s.t);
     s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
+    s.start = gcd_malloc((size_t)W * sizeof *s.start);
 
     hash_job h = { .set = set, .mu = PTHREAD_MUTEX_INITIALIZER };
     int nthreads = o->no_hash ? 0 : hash_threads(W + set->has_ref), threaded = 0;
@@ -700,6 +909,17 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
             p->n = any->n;
         }
         p->dtype = any ? gcd_dtype_str(any->dtype) : "-";
+        s.sharded = set->sharded[j];
+        if (s.sharded) {   // the parameter's own shape, and where each rank's run starts
+            const struct shard *full = NULL;
+            for (int k = 0; k <= W; k++) {
+                const struct shard *sh = file_of(set, k) ? shard_of(&set->shards[k], p->name) : NULL;
+                if (k < W) s.start[k] = sh ? sh->start : 0;
+                if (sh && !full) full = sh;
+            }
+            p->ndim = full->ndim, p->n = full->numel;
+            for (int d = 0; d < full->ndim; d++) p->shape[d] = full->shape[d];
+        }
         if ((rc = scan_param(&s, p, set->tol))) goto done;
         if (tty && total > (1u << 30)) fprintf(stderr, "\rcheck: %3.0f%% of %.1f GB", 100.0 * (double)seen / (double)total, (double)total / 1e9);
     }
@@ -713,7 +933,7 @@ done:
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
-    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq);
+    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq), free(s.start);
     if (!rc) gcd_verdict(res);
     return rc;
 }

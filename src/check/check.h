@@ -19,6 +19,8 @@ typedef struct {
     int no_hash;                // no sha256 of the files (no report is written to hold it)
 } gcd_check_opts;
 
+typedef struct gcd_shard_map gcd_shard_map;
+
 typedef struct {
     int world;
     const char *stage;          // "local" or "reduced"
@@ -28,7 +30,9 @@ typedef struct {
     int has_ref;
     char (*sha256)[65];         // (world + 1) hex digests, the reference's last
     int nparams;
-    char **params;              // (nparams) gradcheck.params of rank 0
+    char **params;              // (nparams) gradcheck.params of rank 0, wrapper prefixes removed (module., _fsdp_wrapped_module., ...)
+    struct gcd_shard_map *shards;   // (world + 1) each file's gradcheck.shards (n 0: none)
+    unsigned char *sharded;     // (nparams) 1: every rank holds a run of it (FSDP), assembled as the scan streams
     double tol, tol_default;    // in force; what the precision (gradcheck.precision) and the dtypes give
     char tol_reason[80];        // where tol_default comes from when the dumps name a precision, else ""
     uint64_t bytes;             // data bytes scanned

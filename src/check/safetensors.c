@@ -314,6 +314,14 @@ const gcd_st_tensor *gcd_st_find(const gcd_st_file *f, const char *name) {
     return t ? *t : NULL;
 }
 
+const char *gcd_st_rename(gcd_st_file *f, void (*fn)(char *name)) {
+    for (int i = 0; i < f->ntensor; i++) fn(f->tensor[i].name);
+    qsort(f->by_name, (size_t)f->ntensor, sizeof *f->by_name, by_name);
+    for (int i = 1; i < f->ntensor; i++)
+        if (!strcmp(f->by_name[i]->name, f->by_name[i - 1]->name)) return f->by_name[i]->name;
+    return NULL;
+}
+
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len) {
     struct stat st, now;
     if (f->fd < 0) {   // mapped and closed: the path again

@@ -52,6 +52,9 @@ const char *gcd_dtype_str(gcd_dtype d);
 int gcd_st_parse(gcd_st_file *f, const unsigned char *header, uint64_t header_len, uint64_t file_size, char *err, size_t len);
 // Opens and validates path; maps the data when it can. Returns 0, or -1 with "PATH: ..." in err.
 int gcd_st_open(gcd_st_file *f, const char *path, char *err, size_t len);
+// Rewrites every tensor's name in place with fn (which may only shorten it) and sorts the index again.
+// Returns a name two tensors now share, or NULL.
+const char *gcd_st_rename(gcd_st_file *f, void (*fn)(char *name));
 // The value of metadata key, or NULL.
 const char *gcd_st_meta(const gcd_st_file *f, const char *key);
 // A tensor by name, or NULL.
