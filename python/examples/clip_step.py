@@ -9,6 +9,11 @@ Every rank computes the contrastive loss over the gathered global batch, so the 
 losses is the one-process loss on the whole batch: the same objective, hence the same gradient, when
 the gather carries gradients. --gather nograd gathers as Lightning's all_gather(sync_grads=False)
 does (under torch.no_grad()): the encoders then get None and only logit_scale learns.
+
+The gather with gradients is gradcheck_dist.all_gather_with_grad: on recent torch 2.x
+torch.distributed._functional_collectives.all_gather_single_autograd(x, 0, group) (no FutureWarning), on
+torch 1.13 torch.distributed.nn.functional.all_gather (which recent torch deprecates). Lightning users:
+self.all_gather(x, sync_grads=True) is the same gather.
 """
 import argparse
 import math
@@ -18,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gradcheck_dist import dump_grads
+from gradcheck_dist import all_gather_with_grad, dump_grads
 
 
 class Clip(torch.nn.Module):
@@ -35,8 +40,7 @@ class Clip(torch.nn.Module):
 
 
 def gather_with_grad(x):
-    import torch.distributed.nn.functional as dnn
-    return torch.cat(dnn.all_gather(x))
+    return all_gather_with_grad(x)   # torch.cat of every rank's x, the backward summing over ranks
 
 
 def gather_no_grad(x):

@@ -5,19 +5,35 @@
     GradcheckDump(dirpath, step=0)     Lightning Callback (Lightning imported on first use)
     check_ddp(...), check_lightning(...), run_check(...)   see harness.py
     snippet()                          the recipe `gradcheck-dist check --snippet` prints
+    all_gather_with_grad(x)            a gather whose backward carries gradients, current on every torch
+    track_precision(model)             records the autocast precision of model's forward for dump_grads
 """
 import os
 
-from .dump import LocalGradCapture, dump_grads, read_dump, write_dump
+from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track_precision, write_dump
+from .gather import all_gather_with_grad
 
 __version__ = "0.1.0"
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
-           "run_check", "check_ddp", "check_lightning", "GradcheckFailure"]
+           "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track_precision",
+           "all_gather_with_grad", "clean_name"]
 
 
 def snippet():
     with open(os.path.join(os.path.dirname(__file__), "snippet.txt")) as f:
         return f.read()
+
+
+def _patch_lightning_if_imported():  # Debian torch 1.13 + Python 3.11 (issue 24 item 9); imports nothing new
+    import sys
+
+    if "torch" in sys.modules and ("pytorch_lightning" in sys.modules or "lightning.pytorch" in sys.modules):
+        from .lightning import patch_lightning
+
+        patch_lightning()
+
+
+_patch_lightning_if_imported()
 
 
 def __getattr__(name):  # Lightning and the harness only when asked for

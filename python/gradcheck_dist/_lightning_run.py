@@ -5,6 +5,7 @@ Writes OUTDIR/rank{r}.safetensors (GradcheckDump at step 0, after backward, befo
 """
 import importlib
 import importlib.util
+import os
 import sys
 
 
@@ -41,20 +42,17 @@ def main():
 
     from .lightning import GradcheckDump, lightning_package
 
-    pl = lightning_package()
-    try:  # torch 1.13 on Python 3.11: this import fails, and LightningModule.__init__ needs it
-        import torch.distributed._shard.sharded_tensor  # noqa: F401
-    except Exception:
-        pl.LightningModule._register_sharded_tensor_state_dict_hooks_if_available = lambda self: None
+    pl = lightning_package()  # patched for torch 1.13 on Python 3.11 (gradcheck_dist.lightning.patch_lightning)
     pl.seed_everything(seed)
     module, batch = make_module(), make_batch()
     batch = tuple(batch) if isinstance(batch, (list, tuple)) else batch
     rows = _Rows(batch)
     if len(rows) % devices:
         raise SystemExit(f"a batch of {len(rows)} does not split evenly over {devices} devices")
-    dump = GradcheckDump(outdir, step=0)
+    dump = GradcheckDump(outdir, step=0, precision=os.environ.get("GRADCHECK_PL_PRECISION") or None)
+    find_unused = os.environ.get("GRADCHECK_PL_FIND_UNUSED", "1") == "1"
     trainer = pl.Trainer(accelerator="cpu", devices=devices, max_steps=1, callbacks=[dump],
-                         strategy="ddp_find_unused_parameters_true" if devices > 1 else "auto",
+                         strategy=("ddp_find_unused_parameters_true" if find_unused else "ddp") if devices > 1 else "auto",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(module, train_dataloaders=DataLoader(rows, batch_size=len(rows) // devices, shuffle=False))

@@ -1,18 +1,35 @@
 """Gradient dumps in the format `gradcheck-dist check` reads: one safetensors file per rank.
 
-Each trainable parameter's gradient is stored under its named_parameters() name; a parameter whose
-gradient is None is absent, and `gradcheck.params` in the metadata lists every trainable name so the
-checker knows it is absent rather than forgotten. torch is imported only when a dump is written.
+Each trainable parameter's gradient is stored under its original name (named_parameters() with wrapper
+components such as DDP's leading `module.`, FSDP's `_fsdp_wrapped_module.`, checkpoint_wrapper's
+`_checkpoint_wrapped_module.` and torch.compile's `_orig_mod.` removed); a parameter whose gradient is
+None is absent, and `gradcheck.params` in the metadata lists every trainable name so the checker knows it
+is absent rather than forgotten. `gradcheck.precision` records the precision the step computed in.
+Sharded parameters (FSDP2 DTensor gradients, FSDP1 flat parameters) are written as each rank's own
+contiguous run of the original parameter, placed by `gradcheck.shards` (docs/dumps.md).
+
+The writer streams: the header first, then each tensor's bytes straight from its memory (a CPU copy of
+one tensor at a time only where it must convert or leave a GPU), into a temporary file in the same
+directory renamed over the target. torch is imported only when a dump is written.
 """
 import json
 import os
 import platform
+import secrets
+import stat
 import struct
 import sys
-import tempfile
 
 FORMAT = "1"
 _DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")  # finest to coarsest (bf16 keeps 8 bits of mantissa)
+_COARSE = {p: i for i, p in enumerate(PRECISIONS)}
+_WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+class DumpPathError(OSError):
+    """The dump's path names something the writer must not replace (a device, a FIFO, a directory...)."""
+
 
 # ---- metadata
 
@@ -47,61 +64,379 @@ def unwrap(model):
     return model
 
 
-# ---- writers
+def clean_name(name):
+    """The original parameter name: wrapper components removed (a leading `module.` too)."""
+    parts = [p for p in name.split(".") if p not in _WRAPPERS]
+    while len(parts) > 1 and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
 
 
-def _cpu(t, dtype):
+# ---- precision
+
+
+def precision_name(p):
+    """One of PRECISIONS from a precision name, a torch dtype or a Lightning precision ("bf16-mixed", 16, ...).
+    None for None; ValueError for what it cannot name."""
+    if p is None:
+        return None
+    s = str(p).replace("torch.", "").lower()
+    table = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32", "float16": "fp16",
+             "half": "fp16", "bfloat16": "bf16", "tf32": "tf32", "fp64": "fp64", "fp32": "fp32", "fp16": "fp16",
+             "bf16": "bf16", "64": "fp64", "32": "fp32", "16": "fp16"}
+    if s in table:
+        return table[s]
+    head = s.split("-")[0]  # Lightning 2.x: "bf16-mixed", "16-mixed", "32-true", "64-true", "bf16-true", "16-true"
+    if head in table and s.split("-", 1)[1:] in (["mixed"], ["true"]):
+        return table[head]
+    raise ValueError(f"precision {p!r}: use one of {', '.join(PRECISIONS)} (or a torch dtype, or Lightning's "
+                     "'bf16-mixed', '16-mixed', '32-true', '64-true')")
+
+
+def coarsest(names):
+    names = [n for n in names if n]
+    return max(names, key=_COARSE.__getitem__) if names else None
+
+
+def _autocast_now():
+    """The autocast dtypes active right now (CPU and CUDA), as precision names."""
+    import torch
+
+    out = []
+    for dev in ("cpu", "cuda"):
+        try:
+            on = torch.is_autocast_enabled(dev)
+            dt = torch.get_autocast_dtype(dev)
+        except TypeError:  # torch 1.x
+            on = torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled()
+            dt = torch.get_autocast_cpu_dtype() if dev == "cpu" else torch.get_autocast_gpu_dtype()
+        except Exception:
+            continue
+        if on:
+            out.append(precision_name(dt))
+    return out
+
+
+def track_precision(model):
+    """Records the autocast precision seen in `model`'s forward (pre-hooks on its modules); dump_grads reads it.
+
+    LocalGradCapture and check_ddp call it. Returns the hook handles."""
+    root = unwrap(model)
+    seen = root.__dict__.setdefault("_gradcheck_precision_seen", set())
+    if root.__dict__.get("_gradcheck_precision_hooks"):
+        return root.__dict__["_gradcheck_precision_hooks"]
+
+    def pre(mod, args):
+        seen.update(_autocast_now())
+
+    handles = [m.register_forward_pre_hook(pre) for m in root.modules()
+               if m is root or next(m.parameters(recurse=False), None) is not None]
+    root.__dict__["_gradcheck_precision_hooks"] = handles
+    return handles
+
+
+def _tf32_on(model):
+    import torch
+
+    try:
+        if torch.backends.cuda.matmul.allow_tf32:
+            return True
+        if torch.get_float32_matmul_precision() != "highest":
+            return True
+    except Exception:
+        pass
+    conv = any("Conv" in type(m).__name__ for m in model.modules())
+    return conv and bool(getattr(torch.backends.cudnn, "allow_tf32", False))
+
+
+def infer_precision(model, tensors):
+    """The precision the step computed in: autocast seen in its forward (track_precision) or active now,
+    else the coarsest of the gradients' dtypes (fp32 on CUDA with TF32 allowed: tf32)."""
+    root = unwrap(model) if model is not None else None
+    seen = set(getattr(root, "_gradcheck_precision_seen", ()) or ()) if root is not None else set()
+    seen.update(_autocast_now())
+    from_dtypes = []
+    for t in tensors:
+        p = precision_name(t.dtype) if str(t.dtype).replace("torch.", "") in _DTYPES else None
+        if p == "fp32" and t.is_cuda and root is not None and _tf32_on(root):
+            p = "tf32"
+        from_dtypes.append(p)
+    return coarsest(list(seen) + from_dtypes) or "fp32"
+
+
+# ---- which tensors: plain, DTensor shards (FSDP2), FlatParameter shards (FSDP1)
+
+
+def _is_dtensor(t):
+    return t is not None and hasattr(t, "to_local") and hasattr(t, "placements") and hasattr(t, "device_mesh")
+
+
+def _dtensor_run(name, g):
+    """(local 1-D run, {"shape", "start"}) of a DTensor sharded on dim 0 (replicated on other mesh dims)."""
+    shape = list(g.shape)
+    mesh = g.device_mesh
+    start_row, rows = 0, shape[0] if shape else 1
+    sharded = False
+    for dim, pl in enumerate(g.placements):
+        kind = type(pl).__name__
+        if kind == "Replicate":
+            continue
+        if kind == "Shard" and getattr(pl, "dim", None) == 0 and shape:
+            n = mesh.size(dim)
+            idx = mesh.get_local_rank(dim)
+            chunk = -(-rows // n)  # torch.chunk's split: ceil, the last ones shorter or empty
+            start_row += min(chunk * idx, rows)
+            rows = max(0, min(chunk, rows - chunk * idx))
+            sharded = True
+            continue
+        raise ValueError(f"{name}: gradient placement {g.placements} is not supported (sharded on dim 0 only: FSDP2 "
+                         "fully_shard's Shard(0), HSDP's (Replicate, Shard(0)))")
+    local = g.to_local()
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    if local.numel() != rows * inner:
+        raise ValueError(f"{name}: the local shard holds {local.numel()} elements, expected {rows * inner} "
+                         f"(rows {start_row}..{start_row + rows} of {shape})")
+    if not sharded:
+        return local, None
+    return local.reshape(-1), {"shape": shape, "start": start_row * inner}
+
+
+def _fsdp1_modules(root):
+    out = []
+    for prefix, m in root.named_modules():
+        if type(m).__name__ != "FullyShardedDataParallel":
+            continue
+        handle = getattr(m, "_handle", None)
+        if handle is None and getattr(m, "_handles", None):
+            handle = m._handles[0]
+        fp = getattr(handle, "flat_param", None) if handle is not None else None
+        if fp is not None:
+            out.append((prefix, handle, fp))
+    return out
+
+
+def collect(model):
+    """([(name, grad or None, shard or None)] of the trainable parameters, in order) -- original names."""
+    root = unwrap(model)
+    entries, flat_ids, orig_ids = [], set(), set()
+    for prefix, handle, fp in _fsdp1_modules(root):
+        flat_ids.add(id(fp))
+        infos = getattr(fp, "_shard_param_infos", None)
+        if infos is None:
+            raise ValueError("FSDP1 flat parameters of this torch version are not supported (no _shard_param_infos): "
+                             "use torch >= 2.1")
+        origs = getattr(fp, "_params", None)  # use_orig_params=True: the original parameters
+        if origs:
+            orig_ids.update(id(p) for p in origs)
+        flat_grad = fp.grad
+        for i, fqn in enumerate(fp._fqns):
+            if origs and not origs[i].requires_grad:
+                continue
+            shape = [int(d) for d in fp._shapes[i]]
+            info = infos[i]
+            name = clean_name(f"{prefix}.{fqn}" if prefix else fqn)
+            if not info.in_shard:
+                numel = 1
+                for d in shape:
+                    numel *= d
+                g = "empty" if flat_grad is not None or origs else None  # this rank holds none of it
+                entries.append((name, g, {"shape": shape, "start": numel}))
+                continue
+            if flat_grad is not None:
+                g = flat_grad.detach()[info.offset_in_shard:info.offset_in_shard + info.numel_in_shard]
+            else:
+                g = origs[i].grad if origs else None
+            entries.append((name, None if g is None else g.reshape(-1),
+                            {"shape": shape, "start": int(info.intra_param_start_idx)}))
+    for n, p in root.named_parameters():
+        if not p.requires_grad or id(p) in flat_ids or id(p) in orig_ids or getattr(p, "_is_flat_param", False):
+            continue
+        g = p.grad
+        if _is_dtensor(g) or (g is None and _is_dtensor(p)):
+            if g is None:
+                entries.append((clean_name(n), None, None))
+                continue
+            local, shard = _dtensor_run(n, g)
+            entries.append((clean_name(n), local, shard))
+        else:
+            entries.append((clean_name(n), g, None))
+    import torch
+
+    out, seen = [], {}
+    for name, g, shard in entries:
+        if name in seen:
+            raise ValueError(f"two parameters have the name {name!r} once wrapper prefixes are removed")
+        seen[name] = True
+        if isinstance(g, str):  # this rank's run of it is empty
+            g = torch.empty(0, dtype=_flat_dtype(root))
+        out.append((name, g, shard))
+    return out
+
+
+def _flat_dtype(root):
+    for p in root.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    import torch
+
+    return torch.float32
+
+
+# ---- the writer
+
+
+def _prepare(t, dtype, name):
+    """The tensor as it will be written: detached, dense, contiguous, in a dumpable dtype (no copy when it is)."""
+    if _is_dtensor(t):
+        raise ValueError(f"{name}: a DTensor gradient (sharded): dump it with dump_grads(model, ...)")
     t = t.detach()
     if t.is_sparse:
-        raise ValueError("sparse gradients are not supported")
-    if dtype is not None:
+        raise ValueError(f"{name}: sparse gradients are not supported")
+    if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     if str(t.dtype).replace("torch.", "") not in _DTYPES:
-        raise ValueError(f"unsupported gradient dtype {t.dtype} (use F64, F32, F16 or BF16)")
-    # a copy: DDP's gradient_as_bucket_view grads share one storage, which safetensors refuses
-    return t.cpu().contiguous().clone()
+        raise ValueError(f"{name}: unsupported gradient dtype {t.dtype} (use F64, F32, F16 or BF16)")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
 
 
-def _write_builtin(path, tensors, metadata):
-    """safetensors without the package: u64 LE header length, JSON header padded to 8, raw data."""
+def _refuse_non_regular(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return  # a dangling link: replaced by the rename (the link, never its target)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode) else
+                "a block device" if stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise DumpPathError(f"{path}: {kind}, not a regular file: the dump writer will not replace it")
+
+
+def _tmp_open(d):
+    """A new file in d under a short name (a 255-byte target name still leaves room): (fd, path)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(d, f".gcd-{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o644), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {d}")
+
+
+_CHUNK = 64 << 20
+
+
+def _write_tensor(f, t, pinned):
+    """Writes t's bytes: CPU tensors from their own memory; CUDA tensors through two pinned buffers, the next
+    chunk's device-to-host copy running while the previous one is written."""
+    import torch
+
+    if t.numel() == 0:
+        return
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    if not t.is_cuda:
+        _write_all(f, memoryview(raw.reshape(-1).numpy()).cast("B"))
+        return
+    flat = raw.reshape(-1)
+    per = max(1, _CHUNK // flat.element_size())
+    if pinned.get(flat.dtype) is None:
+        pinned[flat.dtype] = [torch.empty(per, dtype=flat.dtype, pin_memory=True) for _ in range(2)]
+    bufs = pinned[flat.dtype]
+    events = [torch.cuda.Event(), torch.cuda.Event()]
+    pending = None
+    for i, s in enumerate(range(0, flat.numel(), per)):
+        n = min(per, flat.numel() - s)
+        b = bufs[i % 2]
+        b[:n].copy_(flat[s:s + n], non_blocking=True)
+        events[i % 2].record()
+        if pending is not None:
+            pb, pn, pe = pending
+            pe.synchronize()
+            _write_all(f, memoryview(pb[:pn].numpy()).cast("B"))
+        pending = (b, n, events[i % 2])
+    pb, pn, pe = pending
+    pe.synchronize()
+    _write_all(f, memoryview(pb[:pn].numpy()).cast("B"))
+
+
+def _write_all(f, mv):
+    while len(mv):  # a raw write may write less than asked (Linux: at most 2 GiB - 4 KiB at once)
+        n = f.write(mv)
+        mv = mv[n:]
+
+
+def stream_write(path, tensors, metadata, dtype=None):
+    """Writes {name: tensor} as safetensors at `path` without holding a copy of them all: header, then each
+    tensor's bytes in order. Atomic (a temporary file renamed over the target); refuses to replace a device,
+    FIFO, directory or other non-regular file (DumpPathError). Returns the path."""
     import torch
 
     if sys.byteorder != "little":
         raise RuntimeError("the built-in writer needs a little-endian host")
-    header, blobs, offset = {}, [], 0
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    _refuse_non_regular(path)
+    header, order, offset = {}, [], 0
     for name, t in tensors.items():
-        raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+        t = _prepare(t, dtype, name)
+        nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": _DTYPES[str(t.dtype).replace("torch.", "")], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    header["__metadata__"] = metadata
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        order.append(name)
+    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    fd, tmp = _tmp_open(d)
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            _write_all(f, memoryview(struct.pack("<Q", len(text)) + text))
+            pinned = {}
+            for name in order:  # converted again here, one at a time: never all the copies at once
+                _write_tensor(f, _prepare(tensors[name], dtype, name), pinned)
+            os.fchmod(f.fileno(), 0o644 & ~_umask())
+        _refuse_non_regular(path)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 def _use_safetensors(writer):
-    if writer == "builtin" or (writer is None and os.environ.get("GRADCHECK_DIST_NO_SAFETENSORS") == "1"):
-        return False
-    try:
-        import safetensors.torch  # noqa: F401
-    except ImportError:
-        if writer == "safetensors":
-            raise
-        return False
-    return True
+    """True only when writer == "safetensors": the streaming writer is the default (faster, bounded memory)."""
+    if writer not in (None, "builtin", "stream", "safetensors"):
+        raise ValueError(f"writer must be None, 'stream' or 'safetensors', not {writer!r}")
+    return writer == "safetensors"
 
 
-def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata=None, dtype=None, writer=None):
+def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
+               precision=None, shards=None, model=None):
     """Writes `grads` ({name: tensor or None}) for the trainable names `params`; atomic (temp + rename).
 
-    writer: "safetensors", "builtin", or None (safetensors when importable and
-    GRADCHECK_DIST_NO_SAFETENSORS is not "1"). Returns the path written.
+    precision: the precision the step computed in (PRECISIONS, a torch dtype or a Lightning string); None:
+    inferred (infer_precision). shards: {name: {"shape": [...], "start": n}} for tensors that are one rank's
+    run of a larger parameter. writer: None/"stream" (streams each tensor into the file) or "safetensors"
+    (safetensors.torch.save_file, which copies every tensor first). Returns the path written.
     """
     if stage not in ("local", "reduced"):
         raise ValueError(f"stage must be 'local' or 'reduced', not {stage!r}")
@@ -109,46 +444,61 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
     unknown = [n for n in grads if n not in params]
     if unknown:
         raise ValueError(f"gradients for names that are not trainable parameters: {unknown}")
-    tensors = {n: _cpu(grads[n], dtype) for n in params if grads.get(n) is not None}
+    tensors = {n: grads[n] for n in params if grads.get(n) is not None}
+    for n, t in tensors.items():
+        if _is_dtensor(t):
+            raise ValueError(f"{n}: a DTensor gradient (FSDP2): dump it with dump_grads(model, ...), which writes "
+                             "each rank's shard")
+    prec = precision_name(precision) or infer_precision(model, tensors.values())
     meta = {"gradcheck.format": FORMAT, "gradcheck.rank": str(rank), "gradcheck.world": str(world),
-            "gradcheck.stage": stage, "gradcheck.params": json.dumps(list(params))}
+            "gradcheck.stage": stage, "gradcheck.params": json.dumps(list(params)), "gradcheck.precision": prec}
+    shards = {n: s for n, s in (shards or {}).items() if n in tensors}
+    if shards:
+        meta["gradcheck.shards"] = json.dumps(shards, separators=(",", ":"))
     meta.update(_versions())
     meta.update({str(k): str(v) for k, v in (extra_metadata or {}).items()})
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        if _use_safetensors(writer):
-            from safetensors.torch import save_file
+    if _use_safetensors(writer):
+        from safetensors.torch import save_file
 
-            save_file(tensors, tmp, metadata=meta)
-        else:
-            _write_builtin(tmp, tensors, meta)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+        path = os.fspath(path)
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        _refuse_non_regular(path)
+        fd, tmp = _tmp_open(d)
+        os.close(fd)
+        try:
+            save_file({n: _prepare(t, dtype, n).cpu().clone() for n, t in tensors.items()}, tmp, metadata=meta)
+            os.chmod(tmp, 0o644 & ~_umask())
+            _refuse_non_regular(path)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+    return stream_write(path, tensors, meta, dtype)
 
 
 def _trainable(model):
-    return [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
+    return [(clean_name(n), p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
 
 
-def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metadata=None, dtype=None, writer=None):
+def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
+               precision=None):
     """Writes each trainable parameter's .grad (None: absent) to `path`.
 
     Call it after loss.backward() (under DDP the gradients are then already all-reduced: stage
     "reduced"). rank/world default to torch.distributed's when a process group is up, else 0/1.
-    dtype casts the gradients before writing (e.g. torch.bfloat16).
+    dtype casts the gradients before writing (e.g. torch.bfloat16). precision: what the step computed in
+    ("fp64", "fp32", "tf32", "bf16", "fp16", a torch dtype, or Lightning's "bf16-mixed"...); None infers it
+    (autocast seen by track_precision or active now, else the gradients' dtypes). Sharded models (FSDP2
+    fully_shard, FSDP1) write each rank's own shard of every original parameter, no gather.
     """
-    named = _trainable(model)
-    grads = {n: p.grad for n, p in named}
-    return write_dump(path, grads, [n for n, _ in named], stage, rank, world, extra_metadata, dtype, writer)
+    entries = collect(model)
+    grads = {n: g for n, g, _ in entries}
+    shards = {n: s for n, _, s in entries if s is not None}
+    return write_dump(path, grads, [n for n, _, _ in entries], stage, rank, world, extra_metadata, dtype, writer,
+                      precision=precision, shards=shards, model=model)
 
 
 class LocalGradCapture:
@@ -156,8 +506,10 @@ class LocalGradCapture:
 
     A hook on every trainable parameter clones the gradient autograd computes for it; under DDP the
     hooks run before the gradient reaches DDP's reducer. A parameter autograd never reaches (unused
-    under find_unused_parameters=True) gets no call and stays absent (None). Gradients of several
-    backward calls add up, as .grad does; reset() clears them, remove() takes the hooks off.
+    under find_unused_parameters=True) gets no call and stays absent (None); a hook called with None
+    (torch 2.x, an output the loss ignores) counts as no gradient. Gradients of several backward calls add
+    up, as .grad does; reset() clears them, remove() takes the hooks off. It also records the autocast
+    precision of the forward (track_precision).
 
         cap = LocalGradCapture(ddp_model)
         loss.backward()
@@ -166,14 +518,19 @@ class LocalGradCapture:
 
     def __init__(self, model):
         named = _trainable(model)
+        self.model = model
         self.params = [n for n, _ in named]
         self.grads = {}
         self._handles = [p.register_hook(self._hook(n)) for n, p in named]
+        track_precision(model)
 
     def _hook(self, name):
         def hook(g):
+            if g is None:
+                return None
             prev = self.grads.get(name)
             self.grads[name] = g.detach().clone() if prev is None else prev + g.detach()
+            return None
         return hook
 
     def reset(self):
@@ -184,8 +541,9 @@ class LocalGradCapture:
             h.remove()
         self._handles = []
 
-    def dump(self, path, rank=None, world=None, extra_metadata=None, dtype=None, writer=None):
-        return write_dump(path, self.grads, self.params, "local", rank, world, extra_metadata, dtype, writer)
+    def dump(self, path, rank=None, world=None, extra_metadata=None, dtype=None, writer=None, precision=None):
+        return write_dump(path, self.grads, self.params, "local", rank, world, extra_metadata, dtype, writer,
+                          precision=precision, model=self.model)
 
 
 # ---- reading (for tests and callers that want the numbers back without safetensors)

@@ -15,15 +15,19 @@ computed in one process on the whole batch (world 1, no process group). Both are
 when the world-1 loss equals the mean over ranks of the rank losses, for example:
   - a per-sample mean loss (each rank: the mean over its shard; shards are equal in size), or
   - a loss over the gathered global batch (each rank's loss is the global loss), computed with a
-    gather that carries gradients (torch.distributed.nn.functional.all_gather, Lightning
-    all_gather(sync_grads=True)). With world == 1 there is no process group: do not gather.
+    gather that carries gradients (gradcheck_dist.all_gather_with_grad: on recent torch
+    torch.distributed._functional_collectives.all_gather_single_autograd, on torch 1.13
+    torch.distributed.nn.functional.all_gather; Lightning all_gather(sync_grads=True)). With world == 1
+    there is no process group: do not gather (all_gather_with_grad returns its input then).
 Let the model's forward return the loss (or only what the loss uses): DDP(find_unused_parameters=True)
-finds the unused parameters by walking back from forward's outputs. A sum over the shard instead of
+finds the unused parameters by walking back from forward's outputs (check_ddp sets it only when a probe
+step shows a parameter without a gradient: find_unused_parameters="auto"). A sum over the shard instead of
 a mean, or a loss normalised by the rank's batch size in another way, is a different objective: the
 check then reports `scaled`, which is correct.
 """
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -36,11 +40,15 @@ import traceback
 
 
 def find_binary(binary=None):
+    """The gradcheck-dist executable: `binary`, else $GRADCHECK_DIST, else PATH. RuntimeError when it is missing,
+    not a file or not executable (never a raw PermissionError). The harness calls it before any rank starts."""
     b = binary or os.environ.get("GRADCHECK_DIST") or shutil.which("gradcheck-dist")
-    if not b or not os.access(b, os.X_OK):
-        raise RuntimeError(f"gradcheck-dist not found or not executable ({b or 'not on PATH'}): "
-                           "put it on PATH or set GRADCHECK_DIST")
-    return b
+    where = "binary=" if binary else "GRADCHECK_DIST=" if os.environ.get("GRADCHECK_DIST") else ""
+    if not b or not os.path.isfile(b) or not os.access(b, os.X_OK):
+        why = "not on PATH" if not b else "not found" if not os.path.exists(b) else \
+            "not a file" if not os.path.isfile(b) else "not executable"
+        raise RuntimeError(f"gradcheck-dist {why} ({where}{b or ''}): put it on PATH or set GRADCHECK_DIST")
+    return os.path.abspath(b)
 
 
 def run_check(dumps, ref=None, ignore=(), tol=None, binary=None, json_path=None, timeout=120):
@@ -58,7 +66,7 @@ def run_check(dumps, ref=None, ignore=(), tol=None, binary=None, json_path=None,
     if tol is not None:
         cmd += ["--tol", repr(float(tol))]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         report = None
         if os.path.exists(json_path):
             with open(json_path) as f:
@@ -66,54 +74,103 @@ def run_check(dumps, ref=None, ignore=(), tol=None, binary=None, json_path=None,
         return p.returncode, report, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"gradcheck-dist check ran past {timeout} s: {' '.join(cmd)}") from e
+    except OSError as e:  # exec failed (a noexec mount, a bad interpreter line)
+        raise RuntimeError(f"gradcheck-dist could not be run ({cmd[0]}): {e}: put it on PATH or set GRADCHECK_DIST") from e
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 class GradcheckFailure(AssertionError):
-    """The check found something (exit 1): the message is the findings' text; .report the JSON report."""
+    """The check found something (exit 1): the message is the findings' text; .report the JSON report;
+    .workdir the directory that keeps the dumps, report.json and ticket.md."""
 
-    def __init__(self, message, report):
+    def __init__(self, message, report, workdir=None):
         super().__init__(message)
         self.report = report
+        self.workdir = workdir
 
 
-def _verdict(rc, report, text, what):
+class HarnessError(RuntimeError):
+    """A rank or the reference failed or hung, or the checker exited 2/3: .workdir keeps what there is."""
+
+    def __init__(self, message, workdir=None):
+        super().__init__(message)
+        self.workdir = workdir
+
+
+def _ticket(binary, outdir):
+    """ticket.md beside report.json (gradcheck-dist report --format md); the path, or None."""
+    src, dst = os.path.join(outdir, "report.json"), os.path.join(outdir, "ticket.md")
+    if not os.path.exists(src):
+        return None
+    try:
+        p = subprocess.run([binary, "report", src, "--format", "md"], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode not in (0, 1) or not p.stdout:
+        return None
+    with open(dst, "w") as f:
+        f.write(p.stdout)
+    return dst
+
+
+def _kept(outdir):
+    names = [n for n in ("report.json", "ticket.md", "ref.safetensors", "reduced", "local", "ranks", "ref")
+             if os.path.exists(os.path.join(outdir, n))]
+    errs = sorted(n for n in os.listdir(outdir) if n.startswith("error-")) if os.path.isdir(outdir) else []
+    return f"kept in {outdir}" + (f" ({', '.join(names + errs)})" if names or errs else "")
+
+
+def _verdict(rc, report, text, what, outdir, binary):
     if rc == 0 and report is not None:
         return report
     if rc == 1 and report is not None:
+        _ticket(binary, outdir)
         msgs = [f["message"] for f in report["runs"][0]["findings"] if f.get("counts")]
-        raise GradcheckFailure(f"{what}: gradcheck-dist check found:\n  " + "\n  ".join(msgs), report)
-    raise RuntimeError(f"{what}: gradcheck-dist check exited {rc}:\n{text}")
+        raise GradcheckFailure(f"{what}: gradcheck-dist check found:\n  " + "\n  ".join(msgs) + f"\n{_kept(outdir)}",
+                               report, outdir)
+    raise HarnessError(f"{what}: gradcheck-dist check exited {rc}:\n{text}\n{_kept(outdir)}", outdir)
 
 
 # ---- processes, each bounded in time
 
 
-def _join_all(procs, timeout, what):
-    """Waits for multiprocessing processes until the deadline; kills the rest; raises on any failure."""
+def _join_all(procs, timeout, what, names=None):
+    """Waits for processes until all exit 0 or the deadline. The first one to fail ends the wait at once (the
+    others, likely blocked in a collective with it, are killed): a failure is named in well under a second, a
+    hang at `timeout`. Returns the exit codes (None: killed at the deadline or after another's failure);
+    raises RuntimeError on a hang."""
+    names = names or [f"rank {r}" for r in range(len(procs))]
     deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()
-        procs[r].join(10)
-    if hung:
-        raise RuntimeError(f"{what}: ranks {hung} still running after {timeout} s; killed")
-    return [p.exitcode for p in procs]
+    while True:
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    alive = [i for i, p in enumerate(procs) if p.exitcode is None]
+    for i in alive:
+        procs[i].kill()
+    for i in alive:
+        procs[i].join(10)
+    if alive and not any(c not in (None, 0) for c in codes):
+        hung = ", ".join(names[i] for i in alive)
+        raise RuntimeError(f"{what}: {hung} still running after {timeout} s; killed")
+    return codes
 
 
-def _rank_errors(outdir, world):
-    """The first rank to fail in full (the cause), the others' last line (often a closed connection)."""
-    files = [(os.path.getmtime(f), r, f) for r in range(world)
-             for f in [os.path.join(outdir, f"error-rank{r}.txt")] if os.path.exists(f)]
+def _rank_errors(outdir, names):
+    """The first process to fail in full (the cause), the others' last line (often a closed connection)."""
+    files = [(os.path.getmtime(f), n, f) for n in names
+             for f in [os.path.join(outdir, f"error-{n.replace(' ', '')}.txt")] if os.path.exists(f)]
     msgs = []
-    for i, (_, r, f) in enumerate(sorted(files)):
+    for i, (_, n, f) in enumerate(sorted(files)):
         with open(f) as fh:
             text = fh.read().strip()
-        msgs.append(f"rank {r} (failed first):\n{text}" if i == 0 else f"rank {r}: {text.splitlines()[-1]}")
+        msgs.append(f"{n} (failed first):\n{text}" if i == 0 else f"{n}: {text.splitlines()[-1] if text else ''}")
     return "\n".join(msgs)
 
 
@@ -130,74 +187,164 @@ def _shard(batch, rank, world):
 # ---- plain PyTorch DDP
 
 
-def _ddp_worker(rank, world, make_model, step, batch, seed, outdir, initfile):
+def _one_thread():
+    """A child's first act: one intra-op thread. A forked child must not use the parent's OpenMP pool (it hangs
+    once the parent used it, issue 24 item 4a); spawned ones share 4 ranks over the cores without oversubscribing."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _find_unused(model, step, shard, rank, world, setting):
+    """DDP's find_unused_parameters: True/False as given; "auto": True when some rank's step leaves a trainable
+    parameter without a gradient (a probe step on a copy of the model, without DDP, RNG restored)."""
+    if setting != "auto":
+        return bool(setting)
+    import copy
+
     import torch
     import torch.distributed as dist
 
-    from .dump import LocalGradCapture, dump_grads
-
     try:
+        probe = copy.deepcopy(model)
+        with torch.random.fork_rng(devices=[]):
+            step(probe, shard, rank, world).backward()
+        unused = any(p.grad is None for p in probe.parameters() if p.requires_grad)
+        del probe
+    except Exception:
+        unused = True
+    flag = torch.tensor([1 if unused else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread):
+    name = "ref" if rank is None else f"rank{rank}"
+    try:
+        if one_thread:
+            _one_thread()
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        from .dump import LocalGradCapture, dump_grads, track_precision
+
+        make_model, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        if rank is None:  # the single-process reference: no process group, the whole batch
+            torch.manual_seed(seed)
+            model = make_model()
+            track_precision(model)
+            step(model, batch, 0, 1).backward()
+            dump_grads(model, os.path.join(outdir, "ref.safetensors"), rank=0, world=1, precision=precision)
+            return
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=max(1, int(timeout))))
         try:
             torch.manual_seed(seed)
             model = make_model()
-            ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+            shard = _shard(batch, rank, world)
+            fup = _find_unused(model, step, shard, rank, world, find_unused)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=fup)
             cap = LocalGradCapture(ddp)
-            step(ddp, _shard(batch, rank, world), rank, world).backward()
-            cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"))
-            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"))
+            step(ddp, shard, rank, world).backward()
+            cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
+            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
             dist.destroy_process_group()
     except BaseException:
-        with open(os.path.join(outdir, f"error-rank{rank}.txt"), "w") as f:
+        with open(os.path.join(outdir, f"error-{name}.txt"), "w") as f:
             f.write(traceback.format_exc())
-        sys.exit(1)
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _start_method(start_method, payload):
+    """(method, payload): "forkserver" when make_model, step and batch pickle (by reference: top-level
+    functions), else "fork" (closures, lambdas) with one thread per child. Both are safe after the parent used
+    torch's thread pool; an explicit start_method is used as given."""
+    if start_method not in (None, "auto", "fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method must be None, 'fork', 'spawn' or 'forkserver', not {start_method!r}")
+    try:
+        data = pickle.dumps(payload)
+    except Exception:
+        data = None
+    if start_method in (None, "auto"):
+        start_method = "forkserver" if data is not None else "fork"
+    if start_method != "fork" and data is None:
+        pickle.dumps(payload)  # raises, naming what does not pickle
+    return start_method, (data if start_method != "fork" else payload)
 
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
-              start_method="fork"):
+              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
     reference). step(model, shard, rank, world): returns the loss of `shard` (rank r gets the r-th of
     `world` equal slices of `batch`, a tensor or tuple of tensors, on dim 0); the harness calls
-    backward. The reference calls step(model, batch, 0, 1) in this process, without a process group.
-    The ranks are forked from this process (start_method="fork": quick, and make_model/step may be
-    closures; should a forked rank hang in a threaded library, use "spawn"); with "spawn" they must
-    be importable top-level functions and a calling script needs an `if __name__ == "__main__":` guard.
-    Dumps go to workdir (a temporary directory, removed afterwards, when None): reduced/, local/,
-    ref.safetensors.
+    backward. The reference calls step(model, batch, 0, 1) in its own process, without a process group.
+
+    Processes: the ranks and the reference each run in a child process, all bounded by `timeout` (a hang in the
+    reference alone too); the first one to fail stops the others at once and is named. start_method None picks a
+    safe one: "forkserver" when make_model, step and batch pickle (top-level functions; a calling script then
+    needs an `if __name__ == "__main__":` guard), else "fork" (closures); every child uses one intra-op thread
+    (one_thread=False keeps torch's default), so a fork after the parent used torch's thread pool cannot hang.
+    precision: what the step computes in (dump_grads); None infers it (autocast seen in forward, dtypes).
+    find_unused_parameters: DDP's flag, or "auto" (default): True only when a probe step on a copy of the
+    model leaves some trainable parameter without a gradient on some rank (True breaks a model whose
+    forward returns a parameter itself, e.g. open_clip's SigLIP logit_bias: "marked ready twice").
+    Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
+    reduced/, local/, ref.safetensors, and after a failure report.json and ticket.md; the exception names it.
     """
-    import torch
+    bin_path = find_binary(binary)  # before any rank starts
     import torch.multiprocessing as mp
 
-    from .dump import dump_grads
-
+    method, payload = _start_method(start_method, (make_model, step, batch))
     own = workdir is None
-    outdir = tempfile.mkdtemp(prefix="gcd-ddp-") if own else os.fspath(workdir)
+    outdir = tempfile.mkdtemp(prefix="gcd-ddp-") if own else os.path.abspath(os.fspath(workdir))
+    what = f"check_ddp world {world}"
+    ok = False
     try:
         os.makedirs(outdir, exist_ok=True)
+        for n in os.listdir(outdir):
+            if n.startswith("error-"):
+                os.unlink(os.path.join(outdir, n))
         initfile = os.path.join(outdir, f"pg-init-{os.getpid()}-{time.monotonic_ns()}")
-        ctx = mp.get_context(start_method)
-        procs = [ctx.Process(target=_ddp_worker, args=(r, world, make_model, step, batch, seed, outdir, initfile))
-                 for r in range(world)]
+        ctx = mp.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload(["torch", "torch.distributed"])  # never this package: the children take the caller's sys.path
+        ranks = list(range(world)) + [None]
+        names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
+        procs = [ctx.Process(target=_ddp_worker, daemon=True,
+                             args=(r, world, payload, seed, outdir, initfile, timeout, precision,
+                                   find_unused_parameters, one_thread)) for r in ranks]
         for p in procs:
             p.start()
-        codes = _join_all(procs, timeout, f"check_ddp world {world}")
+        try:
+            codes = _join_all(procs, timeout, what, names)
+        except RuntimeError as e:
+            raise HarnessError(f"{e}\n{_kept(outdir)}", outdir) from None
         if any(codes):
-            errors = _rank_errors(outdir, world) or ("no rank reached the step (see stderr); a script that calls "
-                                                     "check_ddp needs an `if __name__ == '__main__':` guard")
-            raise RuntimeError(f"check_ddp world {world}: rank exit codes {codes}\n{errors}")
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            model = make_model()
-            step(model, batch, 0, 1).backward()
-        ref = dump_grads(model, os.path.join(outdir, "ref.safetensors"), rank=0, world=1)
-        rc, report, text = run_check(os.path.join(outdir, "reduced"), ref=ref, ignore=ignore, tol=tol, binary=binary)
-        return _verdict(rc, report, text, f"check_ddp world {world}")
+            errors = _rank_errors(outdir, [n.replace("the single-process reference", "ref") for n in names])
+            if not errors:
+                errors = ("no process reached the step (its own output is above); a script that calls check_ddp "
+                          "needs an `if __name__ == '__main__':` guard")
+            shown = ", ".join(f"{n}: {'killed' if c is None else c}" for n, c in zip(names, codes))
+            raise HarnessError(f"{what}: exit codes {shown}\n{errors}\n{_kept(outdir)}", outdir)
+        rc, report, text = run_check(os.path.join(outdir, "reduced"), ref=os.path.join(outdir, "ref.safetensors"),
+                                     ignore=ignore, tol=tol, binary=bin_path,
+                                     json_path=os.path.join(outdir, "report.json"))
+        out = _verdict(rc, report, text, what, outdir, bin_path)
+        ok = True
+        return out
     finally:
-        if own:
+        try:
+            os.unlink(initfile)
+        except (OSError, NameError):
+            pass
+        if own and ok:
             shutil.rmtree(outdir, ignore_errors=True)
 
 
@@ -214,48 +361,64 @@ def _qualname(fn):
     return f"{mod}:{fn.__qualname__}"
 
 
-def _run_group(cmd, env, timeout, what):
+def _run_group(cmd, env, timeout, what, outdir):
     """Runs cmd in its own process group; on timeout kills the whole group (Lightning's child ranks too)."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             text=True, start_new_session=True)
+    except OSError as e:
+        raise HarnessError(f"{what}: could not start {cmd[0]}: {e}", outdir) from e
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, _ = p.communicate()
-        raise RuntimeError(f"{what}: still running after {timeout} s; killed\n{out[-4000:]}")
+        raise HarnessError(f"{what}: still running after {timeout} s; killed\n{out[-4000:]}\n{_kept(outdir)}",
+                           outdir) from None
     finally:
         try:  # a rank left behind by a failed launch
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
     if p.returncode:
-        raise RuntimeError(f"{what}: exited {p.returncode}\n{out[-6000:]}")
+        raise HarnessError(f"{what}: exited {p.returncode}\n{out[-6000:]}\n{_kept(outdir)}", outdir)
     return out
 
 
-def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300):
-    """Checks one Lightning training step (Trainer, CPU, devices=world,
-    strategy="ddp_find_unused_parameters_true", max_steps=1, GradcheckDump at step 0) against the
-    same module trained with devices=1 (no process group) on the whole batch.
+def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
+                    precision=None, find_unused_parameters=True):
+    """Checks one Lightning training step (Trainer, CPU, devices=world, strategy "ddp" -- with
+    find_unused_parameters=True (default) "ddp_find_unused_parameters_true" --, max_steps=1, GradcheckDump at
+    step 0) against the same module trained with devices=1 (no process group) on the whole batch.
 
     make_module(): a LightningModule with training_step(batch, batch_idx) returning the loss and
     configure_optimizers. make_batch(): the global batch, a tensor or tuple of tensors; each rank
     gets len/world samples of it (Lightning's DistributedSampler, without shuffling). Both must be
     importable top-level functions: each Trainer runs in a fresh `python -m gradcheck_dist._lightning_run`.
+    precision: recorded in the dumps (GradcheckDump's; None: trainer.precision and what the dump sees).
+    workdir as for check_ddp: kept, with report.json and ticket.md, after a failure, and named in the exception.
     """
+    bin_path = find_binary(binary)  # before any Trainer starts
+    args = [_qualname(make_module), _qualname(make_batch), str(seed)]
     own = workdir is None
-    outdir = tempfile.mkdtemp(prefix="gcd-pl-") if own else os.fspath(workdir)
+    outdir = tempfile.mkdtemp(prefix="gcd-pl-") if own else os.path.abspath(os.fspath(workdir))
+    ok = False
     try:
+        os.makedirs(outdir, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__))] + sys.path))
         env.pop("MASTER_PORT", None)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        args = [_qualname(make_module), _qualname(make_batch), str(seed)]
+        env["GRADCHECK_PL_PRECISION"] = "" if precision is None else str(precision)
+        env["GRADCHECK_PL_FIND_UNUSED"] = "1" if find_unused_parameters else "0"
         for w, d in ((world, "ranks"), (1, "ref")):
             cmd = [sys.executable, "-m", "gradcheck_dist._lightning_run", *args, str(w), os.path.join(outdir, d)]
-            _run_group(cmd, env, timeout, f"check_lightning devices={w}")
+            _run_group(cmd, env, timeout, f"check_lightning devices={w}", outdir)
         rc, report, text = run_check(os.path.join(outdir, "ranks"), ref=os.path.join(outdir, "ref", "rank0.safetensors"),
-                                     ignore=ignore, tol=tol, binary=binary)
-        return _verdict(rc, report, text, f"check_lightning world {world}")
+                                     ignore=ignore, tol=tol, binary=bin_path,
+                                     json_path=os.path.join(outdir, "report.json"))
+        out = _verdict(rc, report, text, f"check_lightning world {world}", outdir, bin_path)
+        ok = True
+        return out
     finally:
-        if own:
+        if own and ok:
             shutil.rmtree(outdir, ignore_errors=True)

@@ -3,10 +3,37 @@ import os
 import sys
 
 
+def patch_lightning(pl=None):
+    """Debian 12's torch 1.13 on Python 3.11: importing torch.distributed._shard.sharded_tensor fails (a dataclass
+    "mutable default"), and LightningModule.__init__ imports it. Leaves LightningModule's sharded-tensor
+    state-dict hooks out where that import fails (nothing else changes). Applied on import of gradcheck_dist when
+    Lightning is imported, and by GradcheckDump. Returns True when it patched."""
+    mods = [pl] if pl is not None else [sys.modules[m] for m in ("lightning.pytorch", "pytorch_lightning")
+                                        if m in sys.modules]
+    if not mods:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None or not str(getattr(torch, "__version__", "")).startswith("1."):
+        return False
+    try:
+        import torch.distributed._shard.sharded_tensor  # noqa: F401
+        return False
+    except Exception:
+        pass
+    done = False
+    for m in mods:
+        lm = getattr(m, "LightningModule", None)
+        if lm is not None and hasattr(lm, "_register_sharded_tensor_state_dict_hooks_if_available"):
+            lm._register_sharded_tensor_state_dict_hooks_if_available = lambda self: None
+            done = True
+    return done
+
+
 def lightning_package():
-    """lightning.pytorch or pytorch_lightning: whichever is already imported, else installed."""
+    """lightning.pytorch or pytorch_lightning: whichever is already imported, else installed (patched)."""
     for mod in ("lightning.pytorch", "pytorch_lightning"):
         if mod in sys.modules:
+            patch_lightning(sys.modules[mod])
             return sys.modules[mod]
     try:
         import lightning.pytorch as pl
@@ -15,6 +42,7 @@ def lightning_package():
             import pytorch_lightning as pl
         except ImportError as e:
             raise ImportError("GradcheckDump needs Lightning: pip install lightning (or pytorch-lightning)") from e
+    patch_lightning(pl)
     return pl
 
 
@@ -25,12 +53,33 @@ class _GradcheckDump:
     accumulate_grad_batches > 1 the dump waits for the micro-batch whose backward is all-reduced;
     with a GradScaler (16-mixed on GPUs) the gradients are still multiplied by the loss scale). Run it once with
     devices=N and once with devices=1 (the reference, same seed and global batch), then
-    `gradcheck-dist check DIRPATH --ref REFDIR/rank0.safetensors`.
+    `gradcheck-dist check DIRPATH --ref REFDIR/rank0.safetensors`. The precision recorded is
+    `precision` when given, else the coarser of trainer.precision and what the dump sees (autocast, dtypes).
+    Sharded strategies (FSDP) write each rank's shard of every original parameter.
     """
 
-    def __init__(self, dirpath, step=0, stage="reduced", dtype=None, writer=None):
+    def __init__(self, dirpath, step=0, stage="reduced", dtype=None, writer=None, precision=None):
         self.dirpath, self.step, self.stage, self.dtype, self.writer = os.fspath(dirpath), step, stage, dtype, writer
+        self.precision = precision
         self.written = None
+
+    def on_fit_start(self, trainer, pl_module):
+        from .dump import track_precision
+
+        track_precision(pl_module)
+
+    def _precision(self, trainer, pl_module):
+        from .dump import coarsest, infer_precision, precision_name
+
+        if self.precision is not None:
+            return precision_name(self.precision)
+        try:
+            theirs = precision_name(getattr(trainer, "precision", None))
+        except ValueError:  # e.g. "transformer-engine": what the dump sees
+            theirs = None
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None and hasattr(p.grad, "dtype")]
+        grads = [g for g in grads if not hasattr(g, "to_local")]
+        return coarsest([theirs, infer_precision(pl_module, grads)])
 
     def on_after_backward(self, trainer, pl_module):
         from .dump import dump_grads
@@ -40,7 +89,8 @@ class _GradcheckDump:
             path = os.path.join(self.dirpath, f"rank{trainer.global_rank}.safetensors")
             self.written = dump_grads(pl_module, path, stage=self.stage, rank=trainer.global_rank,
                                       world=trainer.world_size, dtype=self.dtype, writer=self.writer,
-                                      extra_metadata={"gradcheck.step": trainer.global_step})
+                                      extra_metadata={"gradcheck.step": trainer.global_step},
+                                      precision=self._precision(trainer, pl_module))
 
 
 GradcheckDump = type("GradcheckDump", (_GradcheckDump, lightning_package().Callback), {"__doc__": _GradcheckDump.__doc__})
