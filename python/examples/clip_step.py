@@ -23,7 +23,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gradcheck_dist import all_gather_with_grad, dump_grads
+from gradcheck_dist import dump_grads
+
+try:
+    from gradcheck_dist import all_gather_with_grad
+except ImportError:  # a gradcheck_dist older than this example: torch 1.13's spelling
+    def all_gather_with_grad(x):
+        import torch.distributed.nn.functional as dnn
+        return torch.cat(dnn.all_gather(x))
 
 
 class Clip(torch.nn.Module):
