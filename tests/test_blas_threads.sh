@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The launcher shares this machine's cores out as BLAS threads: OPENBLAS_NUM_THREADS = cores / world (at
 # least 1), forwarded with -x, each rank bound to that many cores (--map-by slot:PE=N) when N > 1; a
-# value the user set is kept. A fake mpirun records its arguments and the variable.
+# value the user set is kept. A fake mpirun records its arguments and the variable. The core count
+# comes from the OS (lscpu's online CPUs, one per distinct core and socket), never from the program.
 # usage: test_blas_threads.sh GRADCHECK_DIST
 set -u
 G=$1
@@ -26,9 +27,10 @@ launch() {   # WORLD [VAR=VALUE...]: sets args (mpirun's arguments) and threads 
     args=" $(tr '\n' ' ' <"$work/argv" 2>/dev/null) "
     threads=$(cat "$work/argv.threads" 2>/dev/null)
 }
+cores=$(lscpu -p=Core,Socket 2>/dev/null | grep -v '^#' | sort -u | wc -l)
+[ "$cores" -gt 0 ] 2>/dev/null || { echo "FAIL: lscpu -p gave no cores" >&2; exit 1; }
 launch 1
-cores=$threads
-[[ $cores =~ ^[1-9][0-9]*$ ]] || fail "world 1: OPENBLAS_NUM_THREADS must be the core count, got '$cores'"
+[ "$threads" = "$cores" ] || fail "world 1: OPENBLAS_NUM_THREADS must be the $cores physical cores lscpu counts, got '$threads'"
 [[ $args == *" -x OPENBLAS_NUM_THREADS "* ]] || fail "world 1: OPENBLAS_NUM_THREADS not forwarded with -x:$args"
 if [ "$cores" -gt 1 ] 2>/dev/null; then
     [[ $args == *" --map-by slot:PE=$cores "* ]] || fail "world 1, $cores threads: the rank must be bound to $cores cores:$args"

@@ -72,6 +72,20 @@ near --summary-only run --summary-onyl
 near --json check --jsn x.json d.st
 near --format report x.json --formt md
 near run rnu
+near --version --verison
+near off run --mode of
+near off run --mode on,of
+near contrastive run --probe contrastiv
+near nccl run --backend ncl
+near random run --inputs rand
+near junit report x.json --format junti
+# one options table: every option --help lists is one the parser takes, and no other command's
+for cmd in run check report; do
+    for flag in $("$G" $cmd --help | grep -oE '^  --[a-z-]+' | sort -u); do
+        "$G" $cmd $flag --end 2>&1 | grep -q -- "$flag: unknown option" && fail "$cmd --help lists $flag, which $cmd refuses as unknown"
+    done
+done
+"$G" check --mode on d.st 2>&1 | grep -q -- "--mode: unknown option" || fail "check must refuse run's --mode"
 near report reprot x.json
 "$G" run --bogus 2>&1 | grep -q "did you mean" && fail "--bogus is near no flag, yet a flag was suggested"
 usage_error --summary-only run --summary-only --no-json
@@ -334,7 +348,7 @@ if [ -n "$FAULT" ]; then
 fi
 
 # ---- never hang, never leave anything behind: a stopped rank, signals to the launcher, stdin, names
-ranks_of() { pgrep -f -- "--steps $1" || true; }
+ranks_of() { pgrep -f -- "$G run .*--steps $1" || true; }   # this binary's: another checkout's test_cli may run at once
 rank_pid() {   # STEPS RANK: the pid of that rank of the run marked by its --steps
     local p
     for p in $(ranks_of "$1"); do
@@ -356,10 +370,13 @@ mkdir -p tmp99911 tmp99915
 TMPDIR=$PWD/tmp99911 "$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99911 --timeout 3 --json stopped.json >stopped.txt 2>&1 &
 run=$!
 wait_for 60 rank0_ready tmp99911 && wait_for 20 has_rank 99911 1 && sleep 0.5 && kill -STOP "$(rank_pid 99911 1)"   # past MPI_Init (which has the deadline too)
+stopped_at=$SECONDS
 timeout 60 tail --pid=$run -f /dev/null || kill -CONT $(ranks_of 99911) 2>/dev/null
 wait $run
 rc=$?
 [ $rc = 3 ] || fail "a stopped rank with --timeout 3 exited $rc, expected 3"
+# 3 s and the launcher's few; a deadline 10x too long could not end it before 30 s
+[ $((SECONDS - stopped_at)) -le 27 ] || fail "a stopped rank with --timeout 3 ended the job $((SECONDS - stopped_at)) s later, expected 3 s and the launcher's few"
 grep -Eq "MPI_[A-Za-z_]+: not complete after 3 s, in probe contrastive, mode on" stopped.txt || fail "the timeout must name the collective and the run: $(cat stopped.txt)"
 "$PY" -c 'import json,sys; d=json.load(open("stopped.json")); assert d["exit_code"] == 3 and "not complete" in d["error"]["message"]' || fail "no error report after the timeout"
 wait_for 10 no_ranks 99911 || fail "processes left after the timeout: $(ranks_of 99911)"

@@ -54,6 +54,7 @@ static void path_should_be_shortest_and_cut_where_recorded(void) {
     gcd_path_start(&p, 0);
     gcd_path_find(&c, w, d, leaves, 2, &p);
     CHECK(!strcmp(chain(&p, names), "fc1.weight -> linear(fc1) -> relu -> detach [detach()]"), "detach: %s", chain(&p, names));
+    CHECK(gcd_path_first_cut(&p) == 3, "the first cut is the detach(), not %d", gcd_path_first_cut(&p));
 
     gcd_path_start(&p, 1);
     CHECK(gcd_path_find(&c, unused, loss, leaves, 2, &p) == -1 && p.n == 1, "an unused leaf has no path (n %d)", p.n);

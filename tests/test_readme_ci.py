@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's GitHub Actions job (between <!-- ci --> and <!-- /ci -->), run as GitHub would run it
+"""The GitHub Actions job in docs/reports.md (between <!-- ci --> and <!-- /ci -->), run as GitHub would run it
 on one machine: actions/checkout is a copy of the repository's files (tracked and untracked, not the
 ignored build/ or .venv) into a temporary directory; each `run:` step is a bash -e script there, with
 the workflow's, the job's and the step's env, in order, stopping at the first that fails; then the
@@ -27,10 +27,10 @@ def fail(why):
     sys.exit(1)
 
 
-readme = open(os.path.join(SRC, "README.md")).read()
+readme = open(os.path.join(SRC, "docs", "reports.md")).read()
 m = re.search(r"^<!-- ci -->\n```yaml\n(.*?)^```\n<!-- /ci -->$", readme, re.S | re.M)
 if not m:
-    fail("README.md has no <!-- ci --> block holding a ```yaml fence")
+    fail("docs/reports.md has no <!-- ci --> block holding a ```yaml fence")
 wf = yaml.safe_load(m.group(1))
 jobs = wf.get("jobs") or {}
 if len(jobs) != 1:

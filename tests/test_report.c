@@ -206,6 +206,17 @@ static void numbers_should_round_trip_exactly(void) {
         CHECK(memcmp(&x, &v[i], sizeof x) == 0, "%.17g read back as %.17g from %s", v[i], x, text);
     }
     CHECK(strstr(text, "0.5406103730201721") && strstr(text, "0.30000000000000004") && strstr(text, "[0.5"), "not the shortest exact form: %s", text);
+    // the shortest form, subnormals too (fewer significant bits: fewer than 15 digits may do)
+    static const struct { double v; const char *s; } shortest[] = {
+        { 0.1, "0.1" }, { 0.1 + 0.2, "0.30000000000000004" }, { 5e-324, "5e-324" }, { 1e-320, "1e-320" }, { 4.4e-323, "4.4e-323" },
+        { 2.225073858507201e-308, "2.225073858507201e-308" }, { 1.112536929253601e-308, "1.112536929253601e-308" },
+        { 2.2250738585072014e-308, "2.2250738585072014e-308" }, { -0.0, "-0" },
+    };
+    for (size_t i = 0; i < sizeof shortest / sizeof *shortest; i++) {
+        char buf[32];
+        int k = gcd_num_shortest(buf, shortest[i].v);
+        CHECK(!strcmp(buf, shortest[i].s) && k == (int)strlen(buf), "gcd_num_shortest(%.17g) wrote %s, expected %s", shortest[i].v, buf, shortest[i].s);
+    }
     free(text);
     cJSON_Delete(back);
     cJSON_Delete(doc);

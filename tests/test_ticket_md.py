@@ -198,5 +198,18 @@ jsonschema.validate(json.load(open("check.json")), schema)   # a real check repo
 t = sized(largest_check(json.load(open("check.json"))), "largest_check.json")
 check("more rows, all in the JSON report" in t, "largest check: says what the table leaves out")
 
+# ---- size: many long findings (the findings section stops early), and environment strings of any length
+many = copy.deepcopy(base)   # 200 findings of 500 characters: 100,000 characters uncapped
+many["runs"][0]["findings"] = [{"kind": "mismatch", "counts": True, "params": ["img.weight"], "message": f"finding {k}: " + "y" * 480}
+                               for k in range(200)]
+t = sized(many, "many_findings.json", validate=False)
+check("more findings in the JSON report" in t, "many findings: says how many more are in the JSON report")
+huge = copy.deepcopy(base)
+huge["environment"].update(nccl_version="2." * 100000, cuda_version="12" * 100000, start_time="T" * 200000)
+sized(huge, "huge_environment.json", validate=False)
+huge = copy.deepcopy(json.load(open("check.json")))
+huge["environment"].update(python_version="3" * 200000, torch_version="2" * 200000, lightning_version="1" * 200000, start_time="T" * 200000)
+sized(huge, "huge_check_environment.json", validate=False)
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed or not passed else 0)

@@ -6,6 +6,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "autograd.h"
+#include "expect.h"
+#include "gather.h"
 #include "verdict.h"
 
 #define N 6
@@ -26,6 +29,10 @@ typedef struct {
 static const row rows[] = {
     { "ok", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_OK, NAN, -1 },
     { "ok within tol", { 1, 2, 3, 4, 5, 6 + 1e-12 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_OK, NAN, -1 },
+    // 10 to 25 x tol off: no longer ok (a looser "ok" would hide a real error)
+    { "10 x tol too large is scaled", { 1 * (1 + 1e-8), 2 * (1 + 1e-8), 3 * (1 + 1e-8), 4 * (1 + 1e-8), 5 * (1 + 1e-8), 6 * (1 + 1e-8) },
+      0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_SCALED, 1 + 1e-8, -1 },
+    { "23 x tol off the direction is a mismatch", { 1 + 2e-7, 2 - 1e-7, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_MISMATCH, NAN, -1 },
     { "none", { 0 }, 1, 0, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_NONE, NAN, -1 },
     { "partial", { 1, 2, 3, 4, 5, 6 }, 0, 3, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_PARTIAL, NAN, -1 },
     { "zero", { 0, 0, 0, 0, 0, 0 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 0, GCD_ST_ZERO, NAN, -1 },
@@ -152,7 +159,34 @@ static void empty_tensor_should_be_fine(void) {
     CHECK(p.status == GCD_ST_PRESENT, "an empty tensor without a reference: %s, expected present", gcd_status_str(p.status));
 }
 
+// a control's signature: "scaled" means exactly 1/world, not roughly
+static void signature_should_want_exactly_one_over_world(void) {
+    gcd_param_result p[2] = { { .name = "enc.weight", .status = GCD_ST_SCALED }, { .name = "head.weight", .status = GCD_ST_OK, .scale = 1 } };
+    gcd_run_result res = { .probe = "synthetic", .mode = GCD_GATHER_LOCAL, .world = 4, .nparam = 2, .param = p };
+    static const struct { double scale; int met; } cases[] = { { 0.25, 1 }, { 0.25 * (1 + 1e-9), 1 }, { 0.2501, 0 }, { 1.0 / 3, 0 }, { 0.3, 0 }, { 0.5, 0 } };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        p[0].scale = cases[i].scale;
+        gcd_sb why = { 0 };
+        int met = gcd_signature_met(&res, 1u, &why);
+        CHECK(met == cases[i].met, "world 4, mode local, scale %.17g: signature %s, expected %s (%s)", cases[i].scale, met ? "met" : "not met",
+              cases[i].met ? "met" : "not met", why.s ? why.s : "");
+        gcd_sb_free(&why);
+    }
+}
+
+// every enum value has its name (the tables use designated initializers; a hole reads "?")
+static void every_enum_should_have_a_name(void) {
+    for (int s = 0; s < GCD_ST_COUNT; s++) CHECK(strcmp(gcd_status_str(s), "?"), "status %d has no name", s);
+    for (int op = 0; op < GCD_OP_COUNT; op++) CHECK(strcmp(gcd_op_name(op), "?"), "op %d has no name", op);
+    for (int m = 0; m < GCD_GATHER_COUNT; m++) {
+        CHECK(strcmp(gcd_gather_mode_name(m), "?") && gcd_gather_mode_parse(gcd_gather_mode_name(m)) == m, "gather mode %d has no name", m);
+        CHECK(strcmp(gcd_gather_mode_library(m, 0), "?") && strcmp(gcd_gather_mode_library(m, 1), "?"), "gather mode %d names no library", m);
+    }
+}
+
 int main(void) {
+    every_enum_should_have_a_name();
+    signature_should_want_exactly_one_over_world();
     empty_tensor_should_be_fine();
     every_status_should_come_from_the_numbers();
     words_should_group_and_count();

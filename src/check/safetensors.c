@@ -26,13 +26,16 @@
 // checked even when the values cannot be read
 
 static const struct { const char *name; gcd_dtype dtype; unsigned size; } dtypes[] = {
-    { "F64", GCD_DT_F64, 8 },   { "F32", GCD_DT_F32, 4 },  { "F16", GCD_DT_F16, 2 },  { "BF16", GCD_DT_BF16, 2 },
-    { "BOOL", GCD_DT_OTHER, 1 }, { "U8", GCD_DT_OTHER, 1 }, { "I8", GCD_DT_OTHER, 1 }, { "F8_E5M2", GCD_DT_OTHER, 1 },
+    [GCD_DT_F64] = { "F64", GCD_DT_F64, 8 },   [GCD_DT_F32] = { "F32", GCD_DT_F32, 4 },
+    [GCD_DT_F16] = { "F16", GCD_DT_F16, 2 },   [GCD_DT_BF16] = { "BF16", GCD_DT_BF16, 2 },
+    [GCD_DT_OTHER] = { "BOOL", GCD_DT_OTHER, 1 },   // this entry and those after it: unreadable, sized
+    { "U8", GCD_DT_OTHER, 1 }, { "I8", GCD_DT_OTHER, 1 }, { "F8_E5M2", GCD_DT_OTHER, 1 },
     { "F8_E4M3", GCD_DT_OTHER, 1 }, { "I16", GCD_DT_OTHER, 2 }, { "U16", GCD_DT_OTHER, 2 }, { "I32", GCD_DT_OTHER, 4 },
     { "U32", GCD_DT_OTHER, 4 }, { "I64", GCD_DT_OTHER, 8 }, { "U64", GCD_DT_OTHER, 8 },
 };
+_Static_assert(GCD_DT_OTHER == 4, "dtypes[]: a readable dtype added to gcd_dtype needs its entry here");
 
-size_t gcd_dtype_size(gcd_dtype d) { return d == GCD_DT_F64 ? 8 : d == GCD_DT_F32 ? 4 : d == GCD_DT_OTHER ? 0 : 2; }
+size_t gcd_dtype_size(gcd_dtype d) { return d < GCD_DT_OTHER ? dtypes[d].size : 0; }
 const char *gcd_dtype_str(gcd_dtype d) { return d < GCD_DT_OTHER ? dtypes[d].name : "other"; }
 
 // ----------------------------------------------------------------------------

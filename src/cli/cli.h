@@ -6,6 +6,7 @@
  */
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 
 #include "check.h"
 #include "comm.h"
@@ -34,6 +35,26 @@ typedef struct {
 } options;
 
 extern const char *command;   // "run ", "check ", "report ": where the usage is
+
+// Every command's options, one table: the parser, "did you mean" and --help read it (options.c).
+enum { CMD_RUN = 1, CMD_CHECK = 2, CMD_REPORT = 4 };
+typedef enum {
+    OPT_WORLD = 1, OPT_PROBE, OPT_MODE, OPT_INPUTS, OPT_SEED, OPT_LOCAL_LOSS, OPT_BATCH, OPT_DIM_IMG, OPT_DIM_TXT, OPT_DIM_EMB,
+    OPT_STEPS, OPT_LR, OPT_BACKEND, OPT_HOSTFILE, OPT_TIMEOUT, OPT_REF, OPT_IGNORE, OPT_TOL, OPT_JSON, OPT_NO_JSON, OPT_JUNIT,
+    OPT_SUMMARY_ONLY, OPT_FULL, OPT_OVERSUBSCRIBE, OPT_SNIPPET, OPT_FORMAT, OPT_HELP
+} opt_id;
+typedef struct {
+    int id;                 // opt_id; 0 ends the table
+    const char *name;       // "--world"
+    unsigned cmds;          // CMD_*: the commands that take it
+    const char *arg;        // its value in --help ("N", "PATH|-"); NULL: a switch, which takes none
+    const char *values;     // the values it accepts, comma-separated ("mpi,nccl"); NULL: checked by its parser
+    const char *help;       // --help's line ("\n" continues it under the column)
+} gcd_option;
+extern const gcd_option gcd_options[];
+void gcd_options_help(FILE *f, unsigned cmds);
+int gcd_unknown_option(unsigned cmd, const char *word);
+int gcd_next_option(int argc, char **argv, int *i, unsigned cmd, const gcd_option **opt, const char **v);
 
 // main.c
 int help(FILE *f, const char *cmd);

@@ -38,35 +38,28 @@ int check_main(int argc, char **argv) {
     const char *json = NULL, *junit = NULL;
     int no_json = 0, rc = 0;
     for (int i = 2; i < argc && !rc; i++) {
-        char flag[64];
-        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
-        if (a[0] != '-' || !a[1]) { dumps[o.ndumps++] = a; continue; }
-        snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-        int takes = !strcmp(flag, "--ref") || !strcmp(flag, "--ignore") || !strcmp(flag, "--tol") || !strcmp(flag, "--json") || !strcmp(flag, "--junit");
-        if (takes) {
-            if (eq) v = eq + 1;
-            else if (i + 1 < argc) v = argv[++i];
-            else { rc = bad(flag, "%s", "missing value"); break; }
-            if (!*v) { rc = bad(flag, "%s", "empty value"); break; }
-            if (!eq && !strncmp(v, "--", 2)) { rc = bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v); break; }
-        } else if (eq) { rc = bad(flag, "%s", "takes no value"); break; }
-        if (!strcmp(flag, "--ref")) o.ref = v;
-        else if (!strcmp(flag, "--ignore")) ignore[o.nignore++] = v;
-        else if (!strcmp(flag, "--json")) json = v;
-        else if (!strcmp(flag, "--junit")) junit = v;
-        else if (!strcmp(flag, "--no-json")) no_json = 1;
-        else if (!strcmp(flag, "--snippet")) {
+        const gcd_option *opt;
+        const char *v;
+        if ((rc = gcd_next_option(argc, argv, &i, CMD_CHECK, &opt, &v))) break;
+        if (!opt) { dumps[o.ndumps++] = v; continue; }
+        switch ((opt_id)opt->id) {
+        case OPT_REF: o.ref = v; break;
+        case OPT_IGNORE: ignore[o.nignore++] = v; break;
+        case OPT_JSON: json = v; break;
+        case OPT_JUNIT: junit = v; break;
+        case OPT_NO_JSON: no_json = 1; break;
+        case OPT_SNIPPET: {
             fputs(gcd_check_snippet, stdout);
             free(dumps), free(ignore);
             return stdout_done("check --snippet");
         }
-        else if (!strcmp(flag, "--tol")) {
+        case OPT_TOL: {
             char *end;
             o.tol = strtod(v, &end);
-            if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(flag, "expected a number between 0 and 1, got '%s'", v);
-        } else {
-            static const char *const known[] = { "--ref", "--ignore", "--tol", "--json", "--no-json", "--junit", "--snippet", "--help", NULL };
-            rc = unknown("unknown option", flag, known);
+            if (end == v || *end || !isfinite(o.tol) || o.tol <= 0 || o.tol >= 1) rc = bad(opt->name, "expected a number between 0 and 1, got '%s'", v);
+            break;
+        }
+        default: GCD_FATAL("check: option %s in the table but not parsed", opt->name);   // --help: main.c answered it
         }
     }
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
@@ -133,17 +126,14 @@ int check_main(int argc, char **argv) {
 int report_main(int argc, char **argv) {
     const char *file = NULL, *format = "text";
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--format") || !strncmp(argv[i], "--format=", 9)) {
-            format = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!format) return bad("--format", "%s", "missing value");
-            if (strcmp(format, "text") && strcmp(format, "md") && strcmp(format, "junit"))
-                return bad("--format", "expected text, md or junit, got '%s'", format);
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            static const char *const known[] = { "--format", "--help", NULL };
-            return unknown("unknown option", argv[i], known);
-        }
-        else if (file) return bad("report", "one FILE only, got a second: '%s'", argv[i]);
-        else file = argv[i];
+        const gcd_option *opt;
+        const char *v;
+        int rc = gcd_next_option(argc, argv, &i, CMD_REPORT, &opt, &v);
+        if (rc) return rc;
+        if (opt && opt->id == OPT_FORMAT) format = v;   // one of the table's values
+        else if (opt) GCD_FATAL("report: option %s in the table but not parsed", opt->name);
+        else if (file) return bad("report", "one FILE only, got a second: '%s'", v);
+        else file = v;
     }
     if (!file) return bad("report", "%s", "missing FILE (a gradcheck-dist JSON report)");
     char err[1024];

@@ -478,15 +478,8 @@ int launch(const options *o, int argc, char **argv) {
     // default; mpirun waits it out whole, twice): time for rank 0 to write its error report (an fsync)
     av[n++] = "--mca", av[n++] = "odls_base_sigkill_timeout", av[n++] = "3";
     if (o->hostfile) av[n++] = "--hostfile", av[n++] = (char *)o->hostfile;
-    // One node: start what a one-node job uses, and nothing else (measured in tests/bench/bench.sh).
-    // - the ob1 PML straight away: the default (cm) loads the psm/psm2 libraries first, whose
-    //   constructors sleep ~0.2 s, then settles on ob1 anyway;
-    // - the shared-memory and self BTLs: the TCP BTL opens listening sockets on every interface;
-    // - libnbc's recursive-doubling all-gather (log2(world) rounds; its default sends world-1 messages
-    //   from every rank; Open MPI keeps the linear one where world is not a power of two);
-    // - hwloc without I/O discovery (PCI config space read through /sys, its libxml2, OpenCL and X11
-    //   plugins loaded): Open MPI binds ranks to cores, which this topology still has.
-    // Whatever the user set, or several hosts (UCX, InfiniBand), keeps Open MPI's choice.
+    // One node: only what a one-node job uses (ob1, self+vader, libnbc's recursive doubling, hwloc without
+    // I/O discovery); what the user set, or several hosts, keeps Open MPI's choice. Why each: docs/launcher.md.
     if (one_node(o)) {
         static const char *const mca[][2] = { { "pml", "ob1" }, { "btl", "self,vader" }, { "coll_libnbc_iallgather_algorithm", "2" } };
         for (size_t i = 0; i < sizeof mca / sizeof *mca; i++) {

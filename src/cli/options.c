@@ -1,5 +1,5 @@
-// `run`'s options: parsing and checking every argument before any rank starts (exit 2), with the
-// nearest known word for a near miss.
+// Every command's options in one table, which the parser, "did you mean" and --help all read; `run`'s
+// arguments are checked before any rank starts (exit 2).
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,8 +17,67 @@
 
 #include "cli.h"
 
-// options
+// ----------------------------------------------------------------------------
+// the table
 
+const gcd_option gcd_options[] = {
+    { OPT_WORLD, "--world", CMD_RUN, "N", NULL, "ranks to launch (default 2); inside mpirun it must equal the job's size" },
+    { OPT_PROBE, "--probe", CMD_RUN, "NAME|all", "simplenet,contrastive,all", "simplenet, contrastive or all (default all)" },
+    { OPT_MODE, "--mode", CMD_RUN, "LIST|all", "off,on,local,avg,all",
+      "gather modes under test, comma-separated: off,on,local,avg. Without it every\n"
+      "mode runs: on is under test, the others are controls, each of which must show\n"
+      "its known defect" },
+    { OPT_INPUTS, "--inputs", CMD_RUN, "seed|random", "seed,random", "simplenet: the seed's inputs on every rank, or rank-distinct ones (default seed)" },
+    { OPT_SEED, "--seed", CMD_RUN, "S", NULL, "seed for weights and inputs (default 42)" },
+    { OPT_LOCAL_LOSS, "--local-loss", CMD_RUN, NULL, NULL, "contrastive: open_clip local_loss=True" },
+    { OPT_BATCH, "--batch", CMD_RUN, "B", NULL, "contrastive: rows per rank (default 4)" },
+    { OPT_DIM_IMG, "--dim-img", CMD_RUN, "D", NULL, "contrastive: image features (default 8)" },
+    { OPT_DIM_TXT, "--dim-txt", CMD_RUN, "D", NULL, "contrastive: text features (default 6)" },
+    { OPT_DIM_EMB, "--dim-emb", CMD_RUN, "E", NULL, "contrastive: embedding size (default 4)" },
+    { OPT_STEPS, "--steps", CMD_RUN, "N", NULL, "then take N SGD steps per mode (default 0, at most 100000)" },
+    { OPT_LR, "--lr", CMD_RUN, "X", NULL, "the steps' learning rate (default 0.1)" },
+    { OPT_BACKEND, "--backend", CMD_RUN, "mpi|nccl", "mpi,nccl", "collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)" },
+    { OPT_HOSTFILE, "--hostfile", CMD_RUN, "FILE", NULL, "passed to mpirun" },
+    { OPT_OVERSUBSCRIBE, "--oversubscribe", CMD_RUN, NULL, NULL, "more ranks than the Slurm allocation's tasks (else refused, exit 2)" },
+    { OPT_TIMEOUT, "--timeout", CMD_RUN, "S", NULL,
+      "a collective not complete after S seconds stops the run, exit 3 (default 300,\n"
+      "or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job" },
+    { OPT_REF, "--ref", CMD_CHECK, "FILE", NULL, "the single-process reference: same starting weights, the whole batch, world 1" },
+    { OPT_IGNORE, "--ignore", CMD_CHECK, "GLOB", NULL, "leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')" },
+    { OPT_TOL, "--tol", CMD_CHECK, "X", NULL, "relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)" },
+    { OPT_JSON, "--json", CMD_RUN | CMD_CHECK, "PATH|-", NULL,
+      "where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
+      "-: stdout, and the table goes to stderr)" },
+    { OPT_NO_JSON, "--no-json", CMD_RUN | CMD_CHECK, NULL, NULL, "write no report" },
+    { OPT_JUNIT, "--junit", CMD_RUN | CMD_CHECK, "PATH|-", NULL, "also write the result as JUnit XML for CI (also with --no-json)" },
+    { OPT_SUMMARY_ONLY, "--summary-only", CMD_RUN, NULL, NULL, "leave tensor values out of the report, keep the statuses" },
+    { OPT_FULL, "--full", CMD_RUN, NULL, NULL, "every tensor's values (default: one over 4096 elements as its norm and first 16)" },
+    { OPT_SNIPPET, "--snippet", CMD_CHECK, NULL, NULL, "print the recipe that writes the dumps (PyTorch, Lightning) and exit" },
+    { OPT_FORMAT, "--format", CMD_REPORT, "text|md|junit", "text,md,junit",
+      "the table (as wide as COLUMNS, else the terminal, else 100 columns),\n"
+      "a Markdown ticket, or JUnit XML (default text)" },
+    { OPT_HELP, "--help", CMD_RUN | CMD_CHECK | CMD_REPORT, NULL, NULL, "this command's usage" },
+    { 0 },
+};
+
+// --help: the options of the commands in cmds, one a line, the help in a column (continued under it)
+void gcd_options_help(FILE *f, unsigned cmds) {
+    for (const gcd_option *o = gcd_options; o->name; o++) {
+        if (!(o->cmds & cmds)) continue;
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        if (strlen(left) > 20) fprintf(f, "  %s\n  %-20s ", left, "");
+        else fprintf(f, "  %-20s ", left);
+        for (const char *h = o->help; *h; h++) {
+            fputc(*h, f);
+            if (*h == '\n') fprintf(f, "  %-20s ", "");
+        }
+        fputc('\n', f);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// parsing
 
 const char *command = "";
 
@@ -48,19 +107,20 @@ static int distance(const char *a, const char *b) {
     return d[strlen(a) % 3][n];
 }
 
-// "unknown option", with the nearest known word when it is a near miss (at most 2 edits, under half the word)
-int unknown(const char *what, const char *word, const char *const *known) {
+// "WHERE: WHAT", with the nearest known word when word is a near miss (at most 2 edits, under half the word)
+static int unknown_in(const char *where, const char *what, const char *word, const char *const *known) {
     const char *best = NULL;
     int bd = 3;
     for (int k = 0; known[k]; k++) {
         int d = distance(word, known[k]);
         if (d < bd && 2 * d < (int)strlen(known[k])) bd = d, best = known[k];
     }
-    char msg[128];
+    char msg[512];
     if (best) snprintf(msg, sizeof msg, "%s; did you mean %s?", what, best);
     else snprintf(msg, sizeof msg, "%s", what);
-    return bad(word, "%s", msg);
+    return bad(where, "%s", msg);
 }
+int unknown(const char *what, const char *word, const char *const *known) { return unknown_in(word, what, word, known); }
 
 int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
     char *end;
@@ -75,6 +135,55 @@ int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
     return 0;
 }
 
+// "unknown option", with the nearest of cmd's options
+int gcd_unknown_option(unsigned cmd, const char *word) {
+    const char *known[sizeof gcd_options / sizeof *gcd_options];
+    int n = 0;
+    for (const gcd_option *o = gcd_options; o->name; o++)
+        if (o->cmds & cmd) known[n++] = o->name;
+    known[n] = NULL;
+    return unknown("unknown option", word, known);
+}
+
+// v one of the comma-separated set? If not: exit 2 naming the set, and the nearest value for a near miss
+static int one_of(const char *flag, const char *v, const char *set) {
+    char buf[128], list[160] = "";
+    const char *word[16];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", set);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < 15; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(v, t)) return 0;
+        word[n++] = t;
+    }
+    word[n] = NULL;
+    for (int k = 0; k < n; k++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k == 0 ? "" : k == n - 1 ? " or " : ", ", word[k]);
+    char what[256];
+    snprintf(what, sizeof what, "unknown value '%s': expected %s", v, list);
+    return unknown_in(flag, what, v, word);
+}
+
+// The next argument of command cmd: *opt is its entry in the table and *v its value (or NULL), or
+// *opt is NULL and *v a word that is no option (a dump, a file). 0, or 2 after saying what is wrong.
+int gcd_next_option(int argc, char **argv, int *i, unsigned cmd, const gcd_option **opt, const char **v) {
+    const char *a = argv[*i], *eq = strchr(a, '=');
+    *opt = NULL, *v = NULL;
+    if (a[0] != '-' || !a[1]) return *v = a, 0;
+    char flag[64];
+    snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+    for (const gcd_option *o = gcd_options; o->name && !*opt; o++)
+        if ((o->cmds & cmd) && !strcmp(flag, o->name)) *opt = o;
+    if (!*opt) return gcd_unknown_option(cmd, flag);
+    if (!(*opt)->arg) return eq ? bad(flag, "%s", "takes no value") : 0;
+    if (eq) *v = eq + 1;
+    else if (*i + 1 < argc) *v = argv[++*i];
+    else return bad(flag, "%s", "missing value");
+    if (!**v) return bad(flag, "%s", "empty value");
+    if (!eq && !strncmp(*v, "--", 2)) return bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", *v);
+    if ((*opt)->values && (*opt)->id != OPT_MODE) return one_of(flag, *v, (*opt)->values);   // --mode: a list, each checked
+    return 0;
+}
+
 static int parse_modes(const char *v, options *o) {
     o->nmode = 0;
     o->mode_given = 1;
@@ -86,7 +195,7 @@ static int parse_modes(const char *v, options *o) {
     snprintf(buf, sizeof buf, "%s", v);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int m = gcd_gather_mode_parse(t);
-        if (m < 0) return bad("--mode", "unknown mode '%s': expected off, on, local, avg or all", t);
+        if (m < 0) return !strcmp(t, "all") ? bad("--mode", "all stands alone, not in a list: '%s'", v) : one_of("--mode", t, "off,on,local,avg,all");
         for (int i = 0; i < o->nmode; i++)
             if (o->mode[i] == m) return bad("--mode", "mode '%s' is listed twice", t);
         o->mode[o->nmode++] = m;
@@ -147,66 +256,53 @@ int parse_run(int argc, char **argv, options *o) {
     o->cfg = (gcd_probe_cfg){ .seed = 42, .batch = 4, .dim_img = 8, .dim_txt = 6, .dim_emb = 4 };
     for (int m = 0; m < GCD_GATHER_COUNT; m++) o->mode[o->nmode++] = m;
     for (int i = 2; i < argc; i++) {
-        char flag[64];
-        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
-        snprintf(flag, sizeof flag, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-        static const char *const valued[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
-                                              "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", "--junit", NULL },
-                                 *const known[] = { "--world", "--probe", "--mode", "--inputs", "--seed", "--steps", "--lr",
-                                              "--batch", "--dim-img", "--dim-txt", "--dim-emb", "--hostfile", "--backend",
-                                              "--json", "--timeout", "--junit", "--no-json", "--summary-only", "--full", "--local-loss", "--oversubscribe", "--help", NULL };
-        int takes = 0;
-        for (int k = 0; valued[k]; k++) takes |= !strcmp(flag, valued[k]);
-        if (takes) {
-            if (eq) v = eq + 1;
-            else if (i + 1 < argc) v = argv[++i];
-            else return bad(flag, "%s", "missing value");
-            if (!*v) return bad(flag, "%s", "empty value");
-            if (!eq && !strncmp(v, "--", 2)) return bad(flag, "missing value: '%s' is a flag (write FLAG=VALUE for a value that starts with --)", v);
-        } else if (eq) {
-            int known_flag = 0;
-            for (int k = 0; known[k]; k++) known_flag |= !strcmp(flag, known[k]);
-            return known_flag ? bad(flag, "%s", "takes no value") : unknown("unknown option", flag, known);
-        }
+        const gcd_option *opt;
+        const char *v;
+        int rc = gcd_next_option(argc, argv, &i, CMD_RUN, &opt, &v);
+        if (!rc && !opt) rc = gcd_unknown_option(CMD_RUN, v);   // run takes no word
+        if (rc) return rc;
+        const char *flag = opt->name;
         long x;
-        int rc = 0;
-        if (!strcmp(flag, "--world")) rc = parse_int(flag, v, 1, 4096, &x), o->world = (int)x;
-        else if (!strcmp(flag, "--probe")) {
+        switch ((opt_id)opt->id) {
+        case OPT_WORLD: rc = parse_int(flag, v, 1, 4096, &x), o->world = (int)x; break;
+        case OPT_PROBE:   // one of the table's values, which name every probe
             o->probe = v;
-            if (strcmp(v, "all") && !gcd_probe_find(v)) rc = bad(flag, "unknown probe '%s': expected simplenet, contrastive or all", v);
-        } else if (!strcmp(flag, "--mode")) rc = parse_modes(v, o);
-        else if (!strcmp(flag, "--inputs")) {
-            if (!strcmp(v, "seed") || !strcmp(v, "random")) o->cfg.inputs_random = !strcmp(v, "random");
-            else rc = bad(flag, "expected seed or random, got '%s'", v);
-        } else if (!strcmp(flag, "--seed")) rc = parse_int(flag, v, 0, (1L << 53) - 1, &x), o->cfg.seed = (uint64_t)x;   // a report's number is exact below 2^53
-        else if (!strcmp(flag, "--steps")) rc = parse_int(flag, v, 0, 100000, &x), o->steps = (int)x;
-        else if (!strcmp(flag, "--batch")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.batch = (int)x;
-        else if (!strcmp(flag, "--dim-img")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_img = (int)x;
-        else if (!strcmp(flag, "--dim-txt")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_txt = (int)x;
-        else if (!strcmp(flag, "--dim-emb")) rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_emb = (int)x;
-        else if (!strcmp(flag, "--lr")) {
+            if (strcmp(v, "all") && !gcd_probe_find(v)) GCD_FATAL("--probe %s: in the options table but not a probe", v);
+            break;
+        case OPT_MODE: rc = parse_modes(v, o); break;
+        case OPT_INPUTS: o->cfg.inputs_random = !strcmp(v, "random"); break;
+        case OPT_SEED: rc = parse_int(flag, v, 0, (1L << 53) - 1, &x), o->cfg.seed = (uint64_t)x; break;   // a report's number is exact below 2^53
+        case OPT_STEPS: rc = parse_int(flag, v, 0, 100000, &x), o->steps = (int)x; break;
+        case OPT_BATCH: rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.batch = (int)x; break;
+        case OPT_DIM_IMG: rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_img = (int)x; break;
+        case OPT_DIM_TXT: rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_txt = (int)x; break;
+        case OPT_DIM_EMB: rc = parse_int(flag, v, 1, 1 << 20, &x), o->cfg.dim_emb = (int)x; break;
+        case OPT_LR: {
             char *end;
             o->lr = strtod(v, &end);
             if (end == v || *end || !isfinite(o->lr) || o->lr <= 0) rc = bad(flag, "expected a positive number, got '%s'", v);
-        } else if (!strcmp(flag, "--timeout")) {
+            break;
+        }
+        case OPT_TIMEOUT: {
             char *end;
             o->timeout = strtod(v, &end);
             if (end == v || *end || !(o->timeout > 0 && o->timeout <= 1e6)) rc = bad(flag, "expected seconds from 0 to 1e6, got '%s'", v);
-        } else if (!strcmp(flag, "--hostfile")) {
+            break;
+        }
+        case OPT_HOSTFILE:
             o->hostfile = v;
             if (access(v, R_OK)) rc = bad(flag, "cannot read '%s'", v);
-        } else if (!strcmp(flag, "--backend")) {
-            o->backend = v;
-            if (strcmp(v, "mpi") && strcmp(v, "nccl")) rc = bad(flag, "expected mpi or nccl, got '%s'", v);
-        } else if (!strcmp(flag, "--json")) o->json = v;
-        else if (!strcmp(flag, "--junit")) o->junit = v;
-        else if (!strcmp(flag, "--no-json")) o->no_json = 1;
-        else if (!strcmp(flag, "--summary-only")) o->summary_only = 1;
-        else if (!strcmp(flag, "--full")) o->full = 1;
-        else if (!strcmp(flag, "--oversubscribe")) o->oversubscribe = 1;
-        else if (!strcmp(flag, "--local-loss")) o->cfg.local_loss = 1;
-        else return unknown("unknown option", flag, known);
+            break;
+        case OPT_BACKEND: o->backend = v; break;   // one of the table's values
+        case OPT_JSON: o->json = v; break;
+        case OPT_JUNIT: o->junit = v; break;
+        case OPT_NO_JSON: o->no_json = 1; break;
+        case OPT_SUMMARY_ONLY: o->summary_only = 1; break;
+        case OPT_FULL: o->full = 1; break;
+        case OPT_OVERSUBSCRIBE: o->oversubscribe = 1; break;
+        case OPT_LOCAL_LOSS: o->cfg.local_loss = 1; break;
+        default: GCD_FATAL("run: option %s in the table but not parsed", flag);   // --help: main.c answered it
+        }
         if (rc) return rc;
     }
     if (o->no_json && o->json) return bad("--no-json", "%s", "conflicts with --json");

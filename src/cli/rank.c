@@ -145,7 +145,8 @@ static void environment(gcd_comm *comm, gcd_env *env, const rank_facts *facts) {
     gcd_mpi_library_version(env->mpi_version, sizeof env->mpi_version);
     char device[256] = "", *devs = NULL;
     if (nccl) {
-        gcd_nccl_info(comm, env->nccl_version, env->cuda_version, device, sizeof device);
+        _Static_assert(sizeof env->nccl_version == GCD_VERSION_LEN && sizeof env->cuda_version == GCD_VERSION_LEN, "gcd_nccl_info's lengths");
+        gcd_nccl_info(comm, env->nccl_version, env->cuda_version, device, sizeof device);   // len: device's alone
         devs = gcd_malloc((size_t)W * sizeof device);
         gcd_mpi_allgather_bytes(device, devs, sizeof device);
     }
@@ -177,9 +178,9 @@ static int expect(cJSON *doc, const gcd_run_result *res, const gcd_probe *pr, in
     } else {
         met = gcd_signature_met(res, pr->before_gather, &why);
         gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world);
-        if (!met) gcd_sb_printf(&msg, "not this convention's signature at world %d: %s", res->world, why.s);
+        if (!met) gcd_sb_printf(&msg, "did not show its known defect at world %d: %s", res->world, why.s);
         else if (gcd_run_has_finding(res))
-            gcd_sb_printf(&msg, "shows exactly its signature: %s%s before the gather, %s after", gcd_status_str(sig.before),
+            gcd_sb_printf(&msg, "shows exactly its known defect: %s%s before the gather, %s after", gcd_status_str(sig.before),
                           sig.before == GCD_ST_SCALED ? " x1/world" : "", gcd_status_str(sig.after));
         else gcd_sb_printf(&msg, "clean at world %d, as it must be (1/world = 1)", res->world);
     }

@@ -49,7 +49,9 @@ void gcd_mpi_arrive_end(void);
 
 // Returns NULL and fills why (a one-line reason) when this build or this machine cannot run NCCL.
 gcd_comm *gcd_comm_nccl(gcd_comm *mpi, char *why, size_t len);
-// Versions and this rank's device, for the report; "" where not built
+// NCCL's and CUDA's versions (GCD_VERSION_LEN bytes each) and this rank's device (len bytes), for the
+// report; "" where not built
+#define GCD_VERSION_LEN 64
 void gcd_nccl_info(gcd_comm *c, char *nccl_version, char *cuda_version, char *device, size_t len);
 void gcd_comm_nccl_free(gcd_comm *c);
 int gcd_nccl_built(void);

@@ -5,26 +5,8 @@
  * a CPU run never loads CUDA or NCCL. The module's one visible symbol is gcd_nccl_module (comm.h); what
  * it calls of the program (util.c, comm_mpi.c) the program exports.
  *
- * No wait for a collective blocks the host. Data goes through pinned staging buffers: a cudaMemcpyAsync
- * from the device into pageable memory returns only once the copy is done (CUDA Runtime API, "API
- * synchronization behavior"), that is after the NCCL kernel before it, which a hung peer never ends.
- * Every wait is a poll (wait.c) of ncclCommGetAsyncError and cudaStreamQuery, bounded by
- * GCD_NCCL_TIMEOUT, after which the communicator is aborted and the job ends (exit 3).
- *
- * Non-blocking communicator (config.blocking = 0), not a blocking one with a watchdog thread, because:
- * - a blocking ncclCommInitRankConfig, or the first collective (which connects to the peers), can hold the
- *   calling thread inside NCCL for as long as a peer is missing; non-blocking, every call returns
- *   (ncclInProgress) and one thread can poll, time out and abort: the path NCCL's user guide gives for
- *   fault tolerance ("Creating a communication with options", "Fault Tolerance", NCCL >= 2.14);
- * - one thread means no ncclCommAbort racing a call in flight on another thread and no locks, and the
- *   loop that runs here is the one tests/test_wait.c drives with fakes;
- * - the contract it asks for is kept below: after any call that answers ncclInProgress (init, the
- *   collectives, finalize), poll ncclCommGetAsyncError until ncclSuccess before the next NCCL call or
- *   anything else on the stream (the work may not be enqueued yet), bounded, aborting on an error (NCCL
- *   docs: user guide "Creating a communication with options"; nccl4py Communicator.get_async_error).
- *   ncclCommAbort and ncclCommDestroy run to completion even on a non-blocking communicator (NCCL
- *   src/group.cc, ncclAsyncLaunch: a communicator being destroyed makes its group blocking), and the
- *   communicator is freed when they return: after them there is nothing left to poll.
+ * No wait blocks the host: a non-blocking communicator, pinned staging buffers, and every wait a poll
+ * (wait.c) bounded by GCD_NCCL_TIMEOUT, then ncclCommAbort and exit 3. Why: docs/nccl.md.
  */
 #include <stdio.h>
 #include <string.h>
@@ -267,10 +249,10 @@ static void info(gcd_comm *c, char *nccl_version, char *cuda_version, char *devi
     nccl_impl *m = c->impl;
     int v = 0, rt = 0, drv = 0;
     ncclGetVersion(&v);
-    snprintf(nccl_version, len, "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    snprintf(nccl_version, GCD_VERSION_LEN, "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
     cudaRuntimeGetVersion(&rt);
     cudaDriverGetVersion(&drv);
-    snprintf(cuda_version, len, "runtime %d.%d, driver %d.%d", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+    snprintf(cuda_version, GCD_VERSION_LEN, "runtime %d.%d, driver %d.%d", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
     struct cudaDeviceProp p;
     char host[64] = "", u[64];
     gethostname(host, sizeof host - 1);

@@ -5,9 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *status_names[GCD_ST_COUNT] = { "none", "partial", "zero", "nonfinite", "ok", "scaled", "mismatch", "disagree", "present" };
+static const char *const status_names[] = {
+    [GCD_ST_NONE] = "none", [GCD_ST_PARTIAL] = "partial",   [GCD_ST_ZERO] = "zero",         [GCD_ST_NONFINITE] = "nonfinite",
+    [GCD_ST_OK] = "ok",     [GCD_ST_SCALED] = "scaled",     [GCD_ST_MISMATCH] = "mismatch", [GCD_ST_DISAGREE] = "disagree",
+    [GCD_ST_PRESENT] = "present",
+};
+_Static_assert(sizeof status_names / sizeof *status_names == GCD_ST_COUNT, "status_names: one name per gcd_status");
 
-const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT ? status_names[s] : "?"; }
+const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT && status_names[s] ? status_names[s] : "?"; }
 
 // ----------------------------------------------------------------------------
 // one gradient: sums streamed chunk by chunk, then one decision
@@ -699,7 +704,7 @@ void gcd_verdict(gcd_run_result *res) {
         emit(res, "note", 0, &ids, &m);
     }
     if (res->world == 1 && !check) {
-        gcd_sb_printf(&m, "world 1: a one-rank process group still detaches under sync_grads=False; putting the own slot back "
+        gcd_sb_printf(&m, "world 1: a one-rank process group still detaches under sync_grads=False; putting the rank's own rows back "
                           "and averaging are exact here (1/world = 1), so their defects appear only with world > 1");
         emit(res, "note", 0, NULL, &m);
     }

@@ -1,12 +1,16 @@
 #include "autograd.h"
 
 
-static const char *op_names[GCD_OP_COUNT] = {
-    "linear", "relu", "view", "concat", "mul", "mean", "mse_loss", "matmul_nt", "normalize",
-    "exp", "cross_entropy", "all_gather", "detach",
+static const char *const op_names[] = {
+    [GCD_OP_LINEAR] = "linear",       [GCD_OP_RELU] = "relu",           [GCD_OP_VIEW] = "view",
+    [GCD_OP_CONCAT] = "concat",       [GCD_OP_MUL] = "mul",             [GCD_OP_MEAN] = "mean",
+    [GCD_OP_MSE] = "mse_loss",        [GCD_OP_MATMUL_NT] = "matmul_nt", [GCD_OP_NORMALIZE] = "normalize",
+    [GCD_OP_EXP] = "exp",             [GCD_OP_CROSS_ENTROPY] = "cross_entropy",
+    [GCD_OP_GATHER] = "all_gather",   [GCD_OP_DETACH] = "detach",
 };
+_Static_assert(sizeof op_names / sizeof *op_names == GCD_OP_COUNT, "op_names: one name per gcd_op");
 
-const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT ? op_names[op] : "?"; }
+const char *gcd_op_name(gcd_op op) { return op >= 0 && op < GCD_OP_COUNT && op_names[op] ? op_names[op] : "?"; }
 
 gcd_node *gcd_record(gcd_ctx *c, gcd_op op, gcd_tensor *out, int nin, gcd_tensor **in) {
     int any = 0;

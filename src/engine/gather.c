@@ -3,24 +3,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *mode_names[GCD_GATHER_COUNT] = { "off", "on", "local", "avg" };
+static const char *const mode_names[] = { [GCD_GATHER_OFF] = "off", [GCD_GATHER_ON] = "on", [GCD_GATHER_LOCAL] = "local", [GCD_GATHER_AVG] = "avg" };
+_Static_assert(sizeof mode_names / sizeof *mode_names == GCD_GATHER_COUNT, "mode_names: one name per gather mode");
 // Whose real code computes these numbers, per (mode, local loss): read from each library's source.
-static const char *mode_library[GCD_GATHER_COUNT][2] = {
-    { "Lightning all_gather(sync_grads=False), also in a one-rank process group; torchmetrics gather_all_tensors <= 1.5",
+static const char *const mode_library[][2] = {
+    [GCD_GATHER_OFF] = { "Lightning all_gather(sync_grads=False), also in a one-rank process group; torchmetrics gather_all_tensors <= 1.5",
       "open_clip gather_features(local_loss=True, gather_with_grad=False); Lightning all_gather(sync_grads=False)" },
-    { "Lightning all_gather(sync_grads=True) = torch.distributed.nn.functional.all_gather; open_clip gather_with_grad=True; "
+    [GCD_GATHER_ON] = { "Lightning all_gather(sync_grads=True) = torch.distributed.nn.functional.all_gather; open_clip gather_with_grad=True; "
       "lightly GatherLayer",
       "open_clip gather_features(local_loss=True, gather_with_grad=True); torch.distributed.nn.functional.all_gather" },
-    { "open_clip gather_features(gather_with_grad=False) without local_loss; torchmetrics gather_all_tensors >= 1.6",
-      "torchmetrics gather_all_tensors >= 1.6 (own slot put back) under a local loss; not open_clip, which puts no slot back with "
+    [GCD_GATHER_LOCAL] = { "open_clip gather_features(gather_with_grad=False) without local_loss; torchmetrics gather_all_tensors >= 1.6",
+      "torchmetrics gather_all_tensors >= 1.6 (the rank's own rows put back) under a local loss; not open_clip, which puts no slot back with "
       "local_loss" },
-    { "Horovod allgather (backward averages over ranks); open_clip use_horovod=True, gather_with_grad=True",
+    [GCD_GATHER_AVG] = { "Horovod allgather (backward averages over ranks); open_clip use_horovod=True, gather_with_grad=True",
       "Horovod allgather under a local loss; open_clip use_horovod=True, gather_with_grad=True, local_loss=True" },
 };
+_Static_assert(sizeof mode_library / sizeof *mode_library == GCD_GATHER_COUNT, "mode_library: one row per gather mode");
 
-const char *gcd_gather_mode_name(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_names[mode] : "?"; }
+const char *gcd_gather_mode_name(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT && mode_names[mode] ? mode_names[mode] : "?"; }
 const char *gcd_gather_mode_library(int mode, int local_loss) {
-    return mode >= 0 && mode < GCD_GATHER_COUNT ? mode_library[mode][local_loss != 0] : "?";
+    return mode >= 0 && mode < GCD_GATHER_COUNT && mode_library[mode][local_loss != 0] ? mode_library[mode][local_loss != 0] : "?";
 }
 
 int gcd_gather_mode_parse(const char *s) {

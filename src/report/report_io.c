@@ -13,6 +13,7 @@
 #include <sys/statfs.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -62,7 +63,9 @@ static void spill(printer *p, size_t at_least) {
 
 int gcd_num_shortest(char buf[32], double v) {
     int k = 0;
-    for (int digits = 15; digits <= 17; digits++)   // 17 digits always read back
+    // 15 digits (DBL_DIG) read back as the shortest form of a normal double; a subnormal has fewer
+    // significant bits, so its shortest form may be shorter still
+    for (int digits = v != 0 && fabs(v) < DBL_MIN ? 1 : 15; digits <= 17; digits++)   // 17 digits always read back
         if ((k = snprintf(buf, 32, "%.*g", digits, v)), digits == 17 || strtod(buf, NULL) == v) break;
     return k;
 }

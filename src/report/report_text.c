@@ -507,9 +507,13 @@ static char *render_text(const cJSON *doc, int width) {
         wrap(&b, width, "", line);
         gcd_sb_printf(&b, "\n");
     }
-    if (ng) wrap(&b, width, "key: ", check ? "! a finding; - a note"
-                                            : "! a finding; - a note; (test) the configuration under test, which must show no finding; "
-                                              "(control) a configuration known to drop or scale gradients, which the tool must catch");
+    const char *stage = gcd_jstr(r0, "stage");
+    if (ng) wrap(&b, width, "key: ", !check ? "! a finding; - a note; (test) the configuration under test, which must show no finding; "
+                                              "(control) a configuration known to drop or scale gradients, which the tool must catch"
+                                     : !strcmp(stage, "reduced") ? "! a finding; - a note; stage reduced: the dumps were written after DDP's all-reduce"
+                                     : !strcmp(stage, "local") ? "! a finding; - a note; stage local: the dumps were written before DDP's all-reduce, "
+                                                                 "averaged here as DDP does"
+                                                               : "! a finding; - a note");
     const cJSON *e;
     int shown = 0;   // check: the findings above are the whole verdict
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {

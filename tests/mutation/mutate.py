@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Mutation check: each mutant below once left every test green. Apply it, rebuild, run the tests that
+must now fail, put the source back. Every mutant must be killed (its tests fail).
+
+usage: python3 tests/mutation/mutate.py [BUILD_DIR] [--only NAME] [--list]
+
+BUILD_DIR (default build) is a configured build of this tree; it is rebuilt for each mutant and once
+more at the end with the source as it was. A mutant's text is looked up in every file under src/ and
+probes/ (so a file that moved keeps its mutant); it must occur exactly once. Prints one line per mutant
+and `N killed, M survived`; exits 1 if any survived or could not be applied. Takes a few minutes
+(test_cli is the slow one); the tree must not be edited meanwhile.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# name, the text, the mutated text, the tests (ctest names) that must fail
+MUTANTS = [
+    ("verdict-ok-100x-tol",
+     "if (sqrt(s->dd) <= tol * p->ref_norm) p->status = GCD_ST_OK;",
+     "if (sqrt(s->dd) <= 100 * tol * p->ref_norm) p->status = GCD_ST_OK;", ["test_verdict"]),
+    ("expect-one-over-world-within-0.75",
+     "fabs(p->scale * res->world - 1) <= 1e-6;",
+     "fabs(p->scale * res->world - 1) <= 0.75;", ["test_verdict"]),
+    ("mpi-deadline-x10",
+     "if (MPI_Wtime() - t0 > timeout_s)",
+     "if (MPI_Wtime() - t0 > 10 * timeout_s)", ["test_cli"]),
+    ("path-first-cut-ignores-detach",
+     "if (p->node[i].cut) return i;",
+     "if (p->node[i].cut && p->node[i].cut != GCD_CUT_DETACH) return i;", ["test_path"]),
+    ("launcher-ignores-mpirun-status-after-handoff",
+     "if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return code;",
+     "if (code >= 0) return code;", ["test_handoff"]),
+    ("ticket-findings-until-x10",
+     "#define FINDINGS_UNTIL 16000",
+     "#define FINDINGS_UNTIL 160000", ["test_ticket_md"]),
+    ("physical-cores-one-too-many",
+     "return n > 0 ? n : cpus;",
+     "return n > 0 ? n + 1 : cpus;", ["test_blas_threads"]),
+    ("num-shortest-subnormals-from-15-digits",
+     "for (int digits = v != 0 && fabs(v) < DBL_MIN ? 1 : 15; digits <= 17; digits++)",
+     "for (int digits = 15; digits <= 17; digits++)", ["test_report"]),
+    ("no-suggestion-for-values",
+     "return unknown_in(flag, what, v, word);",
+     "return bad(flag, \"%s\", what);", ["test_cli"]),
+    ("op-name-missing",
+     '[GCD_OP_MUL] = "mul",',
+     "", ["test_verdict"]),
+    ("status-name-missing",
+     '[GCD_ST_DISAGREE] = "disagree",',
+     "", ["test_verdict"]),
+]
+
+
+def sources():
+    for top in ("src", "probes"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith((".c", ".h")):
+                    yield os.path.join(d, f)
+
+
+def locate(text):
+    hits = []
+    for path in sources():
+        with open(path) as f:
+            n = f.read().count(text)
+        hits += [path] * n
+    return hits
+
+
+def build(build_dir):
+    p = subprocess.run(["cmake", "--build", build_dir, "-j2"], capture_output=True, text=True)
+    return p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def main():
+    for sig in (signal.SIGINT, signal.SIGTERM):   # a stopped run still puts the source back (finally below)
+        signal.signal(sig, lambda *_: sys.exit(130))
+    args = sys.argv[1:]
+    if "--list" in args:
+        for name, *_rest, tests in MUTANTS:
+            print(f"{name}: {', '.join(tests)}")
+        return 0
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    rest = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--only")]
+    build_dir = os.path.abspath(rest[0] if rest else os.path.join(ROOT, "build"))
+    killed = survived = broken = 0
+    for name, text, mutated, tests in MUTANTS:
+        if only and name != only:
+            continue
+        hits = locate(text)
+        if len(hits) != 1:
+            print(f"ERROR {name}: its text occurs {len(hits)} times under src/ and probes/ (update tests/mutation/mutate.py)", flush=True)
+            broken += 1
+            continue
+        path = hits[0]
+        with open(path) as f:
+            original = f.read()
+        t0 = time.time()
+        try:
+            with open(path, "w") as f:
+                f.write(original.replace(text, mutated, 1))
+            ok, log = build(build_dir)
+            if not ok:
+                print(f"ERROR {name}: the mutant does not build:\n{log}", flush=True)
+                broken += 1
+                continue
+            regex = "^(" + "|".join(tests) + ")$"
+            p = subprocess.run(["ctest", "--test-dir", build_dir, "-R", regex], capture_output=True, text=True)
+            ran = "No tests were found" not in p.stdout + p.stderr
+            where = os.path.relpath(path, ROOT)
+            if p.returncode != 0 and ran:
+                killed += 1
+                print(f"killed   {name} ({where}) by {', '.join(tests)} in {time.time() - t0:.0f} s", flush=True)
+            else:
+                survived += 1
+                print(f"SURVIVED {name} ({where}): {', '.join(tests)} {'passed' if ran else 'not found'}", flush=True)
+        finally:
+            with open(path, "w") as f:
+                f.write(original)
+    ok, log = build(build_dir)
+    if not ok:
+        print(f"ERROR: the restored tree does not build:\n{log}")
+        broken += 1
+    print(f"{killed} killed, {survived} survived" + (f", {broken} could not be applied" if broken else ""))
+    return 1 if survived or broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
