@@ -109,6 +109,9 @@ check("- as the dumps recorded: Python 3.99.1, torch 9.8.7, Lightning 7.6.5" in 
 check(lines(t, f"- gradcheck-dist {version}, `check` of 4 dumps (stage reduced)"), "check environment: tool line", lines(t, "- "))
 check("dump_grads(ddp_model" in t and "gradcheck-dist check grads --ref ref.safetensors" in t and "```python" in t,
       "check: the harness commands instead of a script")
+check("expectations met" not in t and ", mode " not in t and "(test)" not in t and "**Result: fail** (exit 1)." in t
+      and "(stage reduced, world 4)** (under test)" in t and "| stage reduced |" in t,
+      "check: no run-only words (mode, expectations, test/control), the stage instead", [l for l in t.split("\n") if "Result" in l or "stage" in l])
 
 # ---- size: real runs
 for args in (["run", "--json", "default.json"], ["run", "--world", "32", "--json", "w32.json"]):

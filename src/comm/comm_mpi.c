@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <limits.h>
 
 #include "comm.h"
 #include "util.h"
@@ -154,15 +155,21 @@ static void all_gather(const void *send, void *recv, int n, MPI_Datatype type) {
     mpiWait(r, "MPI_Allgather");
 }
 
+// MPI counts are int: a larger buffer is a runtime failure, named, never a count cut short
+static int count(size_t n, const char *call) {
+    if (n > INT_MAX) GCD_FATAL("%s: %zu doubles, more than MPI's int count holds", call, n);
+    return (int)n;
+}
+
 static void mpi_all_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
     (void)c;
-    all_gather(send, recv, (int)n, MPI_DOUBLE);
+    all_gather(send, recv, count(n, "MPI_Allgather"), MPI_DOUBLE);
 }
 
 static void mpi_reduce_scatter(gcd_comm *c, const double *send, double *recv, size_t n) {
     (void)c;
     MPI_Request r;
-    mpi_check(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Reduce_scatter_block", __FILE__,
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, count(n, "MPI_Reduce_scatter_block"), MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Reduce_scatter_block", __FILE__,
               __LINE__);
     mpiWait(r, "MPI_Reduce_scatter_block");
 }
@@ -170,7 +177,7 @@ static void mpi_reduce_scatter(gcd_comm *c, const double *send, double *recv, si
 static void mpi_all_reduce(gcd_comm *c, double *buf, size_t n) {
     (void)c;
     MPI_Request r;
-    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Allreduce", __FILE__, __LINE__);
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n, "MPI_Allreduce"), MPI_DOUBLE, MPI_SUM, world_comm, &r), "MPI_Allreduce", __FILE__, __LINE__);
     mpiWait(r, "MPI_Allreduce");
 }
 

@@ -324,7 +324,8 @@ static void findings(gcd_sb *b, const cJSON *doc) {
                 if (!gcd_jbool(f, "counts")) continue;
                 if (b->len > FINDINGS_UNTIL) { left++; continue; }
                 char t[160];
-                gcd_sb_printf(b, "- **"), md(b, gcd_run_title(run, t, sizeof t)), gcd_sb_printf(b, ", mode "), md(b, gcd_jstr(run, "mode"));
+                gcd_sb_printf(b, "- **"), md(b, gcd_run_title(run, t, sizeof t));   // a check's title names its stage
+                if (!is_check(doc)) gcd_sb_printf(b, ", mode "), md(b, gcd_jstr(run, "mode"));
                 gcd_sb_printf(b, "** (%s", test ? "under test" : "control");
                 if (*gcd_jstr(run, "library")) gcd_sb_printf(b, ": "), library(b, run, 0);
                 gcd_sb_printf(b, "): ");
@@ -348,8 +349,11 @@ static void findings(gcd_sb *b, const cJSON *doc) {
             gcd_sb_printf(b, "- **control not caught:** "), cell(b, gcd_jstr(e, "message")), gcd_sb_printf(b, "\n");
     }
     gcd_sb_printf(b, "\n**Result: "), md(b, or_dash(gcd_jstr(doc, "result")));
-    gcd_sb_printf(b, "** (exit %d); %d of %d expectations met (the configuration under test shows no finding, each control its known defect).\n\n",
-                  gcd_jint(doc, "exit_code"), met, n);
+    if (is_check(doc))   // a check has no controls: its result is its findings
+        gcd_sb_printf(b, "** (exit %d).\n\n", gcd_jint(doc, "exit_code"));
+    else
+        gcd_sb_printf(b, "** (exit %d); %d of %d expectations met (the configuration under test shows no finding, each control its known defect).\n\n",
+                      gcd_jint(doc, "exit_code"), met, n);
 }
 
 static int clean(const char *status) { return !strcmp(status, "ok") || !strcmp(status, "present"); }
@@ -367,7 +371,8 @@ static void tables(gcd_sb *b, const cJSON *runs) {
         all_rows = rows <= CLEAN_ROWS_SHOWN;
         gcd_sb_printf(b, "### "), md(b, gcd_run_title(cols[0], t, sizeof t)), gcd_sb_printf(b, "\n\n| parameter | shape |");
         for (int k = 0; k < ncol; k++)
-            gcd_sb_printf(b, " "), md(b, gcd_jstr(cols[k], "mode")), gcd_sb_printf(b, " ("), md(b, gcd_jstr(cols[k], "role")), gcd_sb_printf(b, ") |");
+            if (!strcmp(gcd_jstr(cols[k], "probe"), "check")) gcd_sb_printf(b, " stage "), md(b, gcd_jstr(cols[k], "mode")), gcd_sb_printf(b, " |");
+            else gcd_sb_printf(b, " "), md(b, gcd_jstr(cols[k], "mode")), gcd_sb_printf(b, " ("), md(b, gcd_jstr(cols[k], "role")), gcd_sb_printf(b, ") |");
         gcd_sb_printf(b, "\n|---|---|");
         for (int k = 0; k < ncol; k++) gcd_sb_printf(b, "---|");
         gcd_sb_printf(b, "\n");
