@@ -58,6 +58,10 @@ json.dump(r, open(os.path.join(d, "inf_steps.json"), "w"))
 r["command"] = ["gradcheck-dist", "run", "a\n```\nb", "`x`", "'q'"]
 r["runs"][0]["findings"][0]["message"] = "<&\"'>\u0001\udcff"
 json.dump(r, open(os.path.join(d, "escapes.json"), "w"))
+r = json.load(open(os.path.join(d, "steps.json")))   # DEL in strings: once printed back raw
+r["command"] = ["gradcheck-dist", "run", "\x7f"]
+r["runs"][0]["findings"][0]["message"] = "a\x7fb"
+json.dump(r, open(os.path.join(d, "del.json"), "w"))
 r = json.load(open(os.path.join(d, "run1.json")))   # schema /1: the setup in every run
 setups = {s.pop("probe"): s for s in r.pop("setups")}
 r.pop("values")

@@ -76,14 +76,14 @@ static void print_num(gcd_sb *b, double v) {
     gcd_sb_append(b, buf, (size_t)gcd_num_shortest(buf, v));
 }
 
-// a JSON string of valid UTF-8: controls escaped, bytes that are not UTF-8 (a file name from a
+// a JSON string of valid UTF-8: controls (C0 and DEL) escaped, bytes that are not UTF-8 (a file name from a
 // non-UTF-8 locale) replaced by U+FFFD
 static void print_str(gcd_sb *b, const char *s) {
     const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
     gcd_sb_append(b, "\"", 1);
     while (p < end) {
         const unsigned char *q = p;
-        while (q < end && *q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\') q++;   // the plain run
+        while (q < end && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\') q++;   // the plain run
         gcd_sb_append(b, p, (size_t)(q - p));
         if ((p = q) >= end) break;
         size_t k = *p < 0x80 ? 1 : gcd_utf8_char(p, (size_t)(end - p));
@@ -91,7 +91,7 @@ static void print_str(gcd_sb *b, const char *s) {
         else if (*p == '"' || *p == '\\') gcd_sb_printf(b, "\\%c", *p);
         else if (*p == '\n') gcd_sb_printf(b, "\\n");
         else if (*p == '\t') gcd_sb_printf(b, "\\t");
-        else if (*p < 0x20) gcd_sb_printf(b, "\\u%04x", *p);
+        else if (*p < 0x20 || *p == 0x7f) gcd_sb_printf(b, "\\u%04x", *p);   // DEL too: no control character
         else gcd_sb_append(b, p, k);
         p += k;
     }
