@@ -983,16 +983,15 @@ def report_sha256_of_every_dump_equals_sha256sum():
         need(want.get(os.path.realpath(path)) == h, f"{path}: report sha256 {h}, sha256sum {want.get(os.path.realpath(path))}")
 
 
-def main():
-    global BIN, TMP
-    if len(sys.argv) != 2:
-        sys.exit("usage: test_check_inputs.py GRADCHECK_DIST")
-    BIN = os.path.abspath(sys.argv[1])
+def run_cases(cases, prefix):
+    """Runs each case (with GCD_TEST_ONLY, those whose name holds it) in one fresh temporary directory,
+    TMP; prints ok/FAIL a line and exits 1 on any failure. test_check_verdicts.py runs its cases here too."""
+    global TMP
     only = os.environ.get("GCD_TEST_ONLY")
     passed = failed = 0
-    with tempfile.TemporaryDirectory(prefix="gcd-check-inputs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         TMP = tmp
-        for fn in CASES:
+        for fn in cases:
             if only and only not in fn.__name__:
                 continue
             try:
@@ -1007,6 +1006,14 @@ def main():
                 failed += 1
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
+
+
+def main():
+    global BIN
+    if len(sys.argv) != 2:
+        sys.exit("usage: test_check_inputs.py GRADCHECK_DIST")
+    BIN = os.path.abspath(sys.argv[1])
+    run_cases(CASES, "gcd-check-inputs-")
 
 
 if __name__ == "__main__":

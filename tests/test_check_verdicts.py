@@ -13,7 +13,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st_writer as w  # noqa: E402
 import test_check_inputs as t  # noqa: E402
-from test_check_inputs import Fail, expect, need, status, kinds, finding, params  # noqa: E402
+from test_check_inputs import expect, need, status, kinds, finding, params  # noqa: E402
 
 CASES = []
 
@@ -381,25 +380,7 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: test_check_verdicts.py GRADCHECK_DIST")
     t.BIN = os.path.abspath(sys.argv[1])
-    only = os.environ.get("GCD_TEST_ONLY")
-    passed = failed = 0
-    with tempfile.TemporaryDirectory(prefix="gcd-check-verdicts-") as tmp:
-        t.TMP = tmp
-        for fn in CASES:
-            if only and only not in fn.__name__:
-                continue
-            try:
-                fn()
-                print(f"ok {fn.__name__}", flush=True)
-                passed += 1
-            except Fail as e:
-                print(f"FAIL {fn.__name__}: {e}", flush=True)
-                failed += 1
-            except Exception as e:   # a bug in the test itself is a failure too
-                print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-                failed += 1
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    t.run_cases(CASES, "gcd-check-verdicts-")
 
 
 if __name__ == "__main__":
