@@ -58,6 +58,10 @@ char *gcd_strdup(const char *s) {
     return strcpy(p, s);
 }
 
+void gcd_xxh128_hex(uint64_t high, uint64_t low, char hex[33]) {
+    snprintf(hex, 33, "%016llx%016llx", (unsigned long long)high, (unsigned long long)low);
+}
+
 // ----------------------------------------------------------------------------
 // arena
 

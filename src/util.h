@@ -27,6 +27,9 @@ void gcd_fatal_hook(void (*hook)(const char *message));   // keeps the rank and 
 void *gcd_malloc(size_t bytes);   // zeroed; fatal on failure
 char *gcd_strdup(const char *s);
 
+// the XXH3-128 of what was hashed, as the 32 lowercase hex digits `xxh128sum` prints (canonical order)
+void gcd_xxh128_hex(uint64_t high, uint64_t low, char hex[33]);
+
 // ----------------------------------------------------------------------------
 // arena: bump allocation in chunks, everything released at once. A reset keeps the chunks for the
 // next pass (the same shapes every step: no malloc, free or fresh page faults after the first);

@@ -964,23 +964,25 @@ def replaced_while_being_read():
 
 
 @case
-def report_sha256_of_every_dump_equals_sha256sum():
+def report_digest_of_every_dump_equals_xxh128sum():
     """the report's digests come from a pool of hashing threads: each file's own, in its own slot, over
-    one piece (KiB) and several (rank 0's 40 MB: more than one 16 MiB piece, each dropped after)"""
-    d = fresh("sha256")
+    one piece (KiB) and several (rank 0's 40 MB: more than one 16 MiB piece, each dropped after);
+    xxh128sum (Debian's xxhash) prints the same"""
+    d = fresh("digest")
     world = 9
     per_rank = [{"a": rnd(4, 5), "big": rnd(5_000_000) if k == 0 else None, "b": None} for k in range(world)]
     paths = w.write_world(d, per_rank, params=["a", "big", "b"])
     ref = w.write_dump(os.path.join(d, "ref.safetensors"), {"a": rnd(4, 5), "big": rnd(5_000_000), "b": None})
     _, rep = expect([*paths, "--ref", ref], 1, "big", report=True)
     want = {}
-    for line in subprocess.run(["sha256sum", *paths, ref], capture_output=True, text=True, check=True).stdout.splitlines():
+    for line in subprocess.run(["xxh128sum", *paths, ref], capture_output=True, text=True, check=True).stdout.splitlines():
         h, name = line.split(None, 1)
         want[os.path.realpath(name.lstrip("*"))] = h
-    got = [(x["path"], x["sha256"]) for x in rep["runs"][0]["dumps"]] + [(rep["runs"][0]["reference"]["path"], rep["runs"][0]["reference"]["sha256"])]
+    need(len(set(want.values())) == world + 1, f"xxh128sum: {len(set(want.values()))} distinct digests for {world + 1} distinct files")
+    got = [(x["path"], x["xxh128"]) for x in rep["runs"][0]["dumps"]] + [(rep["runs"][0]["reference"]["path"], rep["runs"][0]["reference"]["xxh128"])]
     need(len(got) == world + 1, f"{len(got)} digests for {world + 1} files")
     for path, h in got:
-        need(want.get(os.path.realpath(path)) == h, f"{path}: report sha256 {h}, sha256sum {want.get(os.path.realpath(path))}")
+        need(want.get(os.path.realpath(path)) == h, f"{path}: report xxh128 {h}, xxh128sum {want.get(os.path.realpath(path))}")
 
 
 def run_cases(cases, prefix):

@@ -27,7 +27,7 @@ done
 import json, sys
 lim, full = (json.load(open(f)) for f in sys.argv[1:3])
 for d in (lim, full):
-    assert d["schema"] == "gradcheck-dist.report/2", d["schema"]
+    assert d["schema"] == "gradcheck-dist.report/3", d["schema"]
     assert [s["probe"] for s in d["setups"]] == ["simplenet", "contrastive"], d["setups"]
     assert len(d["runs"]) == 2 and not any("setup" in r for r in d["runs"]), "a run holds its setup"
 def tensors(d):

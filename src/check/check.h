@@ -16,7 +16,7 @@ typedef struct {
     const char *const *ignore;  // fnmatch patterns over parameter names
     int nignore;
     double tol;                 // 0: from the dtypes read
-    int no_hash;                // no sha256 of the files (no report is written to hold it)
+    int no_hash;                // no digest of the files (no report is written to hold it)
 } gcd_check_opts;
 
 typedef struct gcd_shard_map gcd_shard_map;
@@ -28,7 +28,7 @@ typedef struct {
     gcd_st_file *local;         // (world) rank k's local dump when both stages are given, else NULL
     gcd_st_file ref;            // has_ref
     int has_ref;
-    char (*sha256)[65];         // (world + 1) hex digests, the reference's last
+    char (*digest)[33];         // (world + 1) XXH3-128 hex digests (xxh128sum), the reference's last
     int nparams;
     char **params;              // (nparams) gradcheck.params of rank 0, wrapper prefixes removed (module., _fsdp_wrapped_module., ...)
     struct gcd_shard_map *shards;   // (world + 1) each file's gradcheck.shards (n 0: none)

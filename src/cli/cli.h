@@ -14,7 +14,6 @@
 #include "ops.h"
 #include "report.h"
 #include "run.h"
-#include "sha256.h"
 #include "verdict.h"
 
 #ifndef GCD_VERSION

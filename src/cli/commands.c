@@ -66,7 +66,7 @@ int check_main(int argc, char **argv) {
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
     if (!rc && !no_json) rc = report_path_ok("--json", json);
     if (!rc && junit) rc = junit_path_ok(junit, json);
-    o.no_hash = no_json;   // the sha256 of each dump goes into the report; without one, no hashing
+    o.no_hash = no_json;   // the digest of each dump goes into the report; without one, no hashing
     if (rc) { free(dumps), free(ignore); return rc; }
 
     double t0 = now();

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#define XXH_STATIC_LINKING_ONLY   // XXH3_state_t on the stack
+#include <xxhash.h>
 
 static struct {
     cJSON *doc;
@@ -114,19 +116,18 @@ static void write_error_report(const char *message) {
 // before any other: every rank must run the same command, as the collectives that follow, and their
 // counts, come from it. Returns the facts (world); *differs is the first rank given another command, or -1.
 typedef struct {
-    char host[256], pid[24], command[65];
+    char host[256], pid[24], command[33];
 } rank_facts;
 
 static rank_facts *gather_rank_facts(int argc, char **args, int world, int *differs) {
     rank_facts mine = { 0 }, *all = gcd_malloc((size_t)world * sizeof *all);
     gethostname(mine.host, sizeof mine.host - 1);
     snprintf(mine.pid, sizeof mine.pid, "%ld", (long)getpid());
-    gcd_sha256 h;
-    unsigned char d[32];
-    gcd_sha256_init(&h);
-    for (int i = 1; i < argc; i++) gcd_sha256_update(&h, args[i], strlen(args[i]) + 1);   // argv[0]: installed anywhere
-    gcd_sha256_final(&h, d);
-    gcd_sha256_hex(d, mine.command);
+    XXH3_state_t h;
+    XXH3_128bits_reset(&h);
+    for (int i = 1; i < argc; i++) XXH3_128bits_update(&h, args[i], strlen(args[i]) + 1);   // argv[0]: installed anywhere
+    XXH128_hash_t d = XXH3_128bits_digest(&h);
+    gcd_xxh128_hex(d.high64, d.low64, mine.command);
     gcd_mpi_allgather_bytes(&mine, all, sizeof mine);
     *differs = -1;
     for (int k = 0; k < world; k++) {

@@ -9,7 +9,7 @@
 #include "check.h"
 #include "run.h"
 
-#define GCD_REPORT_VERSION 2          // written; /1 (a setup in every run, every value) is still read
+#define GCD_REPORT_VERSION 3          // written; /2 (a check dump's sha256) and /1 (a setup in every run, every value) are still read
 #define GCD_REPORT_VERSION_OLDEST 1
 #define GCD_REPORT_STR_(x) #x
 #define GCD_REPORT_STR(x) GCD_REPORT_STR_(x)
@@ -39,7 +39,7 @@ cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
 // role: "test" (the configuration under test) or "control". The probe's setup (initial weights, every
 // rank's inputs) goes once into the top-level "setups", with the first run of that probe.
 void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, gcd_values values);
-// check: the dumps, their sha256, and each parameter's figures; sets the report's tolerance
+// check: the dumps, their XXH3-128 digests, and each parameter's figures; sets the report's tolerance
 void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);

@@ -275,12 +275,12 @@ void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_r
 // ----------------------------------------------------------------------------
 // check: the dumps and per-parameter figures (no tensor values: the dumps hold them)
 
-static cJSON *dump_entry(const gcd_st_file *f, int rank, const char *sha256) {
+static cJSON *dump_entry(const gcd_st_file *f, int rank, const char *digest) {
     cJSON *o = chk(cJSON_CreateObject());
     put(o, "path", cJSON_CreateString(f->path));
     put(o, "rank", cJSON_CreateNumber(rank));
     put(o, "bytes", cJSON_CreateNumber((double)f->size));
-    put(o, "sha256", str_or_null(sha256));
+    put(o, "xxh128", str_or_null(digest));
     cJSON *m = put(o, "metadata", cJSON_CreateObject());
     for (int i = 0; i < f->nmeta; i++) put(m, f->meta_key[i], cJSON_CreateString(f->meta_val[i]));
     return o;
@@ -319,8 +319,8 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "bytes_scanned", cJSON_CreateNumber((double)set->bytes));
     put(r, "seconds", num(res->seconds));
     cJSON *dumps = put(r, "dumps", cJSON_CreateArray());
-    for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->sha256[k]));
-    put(r, "reference", set->has_ref ? dump_entry(&set->ref, 0, set->sha256[set->world]) : cJSON_CreateNull());
+    for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->digest[k]));
+    put(r, "reference", set->has_ref ? dump_entry(&set->ref, 0, set->digest[set->world]) : cJSON_CreateNull());
     cJSON *ps = put(r, "params", cJSON_CreateArray());
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];

@@ -14,7 +14,7 @@
    (GNU time's %M: the child and every descendant it waited for); gcd's report size, written with the
    default options and with --summary-only (one run each, their wall time beside).
 3. check: tests/bench/check_bench.sh per binary, 4 ranks + ref of 256 MiB F32 (--quick: 64 MiB), page
-   cache warm: `check --no-json` and `check` with its report (a sha256 per file) vs numpy and memcpy.
+   cache warm: `check --no-json` and `check` with its report (an XXH3-128 per file) vs numpy and memcpy.
 4. dump writers: tests/bench/bench_dump.py, gradcheck_dist.dump_grads vs safetensors.torch.save_file vs a
    raw write, 4 x Linear(8192, 8192) float32 gradients (--quick: 2 x 4096), with GCD_BENCH_DUMP_PYTHON (a
    venv with PyPI torch 2.x and safetensors), else the repository's .venv, else /usr/bin/python3.

@@ -3,7 +3,7 @@
 # the same files) and this machine's single-thread memcpy bandwidth, in one run. Figures, not
 # pass/fail, except that check must exit 0: the dumps hold identical ranks and an equal reference.
 # For each dtype (F32, BF16): write 4 ranks + ref of GCD_BENCH_BYTES each (default 1G), warm the
-# page cache, time check (the scan: --no-json; and with its report, which adds the sha256 of every
+# page cache, time check (the scan: --no-json; and with its report, which adds the XXH3-128 of every
 # file, hashed on a pool of threads while the scan runs) and numpy_check.py (process wall time, best of GCD_BENCH_REPS, default 3),
 # drop the files. GB/s is over the bytes of all the files read (4 ranks + ref).
 # usage: bash tests/bench/check_bench.sh [path/to/gradcheck-dist]
@@ -90,7 +90,7 @@ done
 echo
 echo "gradcheck-dist check vs numpy: $WORLD ranks + ref, $BYTES per file, page cache warm, best of $REPS, $(nproc) cores"
 echo "load average (1 min) at start $load0, at end $(cut -d' ' -f1 /proc/loadavg) (a busy machine lowers every figure)"
-printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s %14s\n' dtype scanned check check "+sha256" "+sha256" numpy numpy memcpy check/memcpy +sha256/memcpy
+printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s %14s\n' dtype scanned check check "+digest" "+digest" numpy numpy memcpy check/memcpy +digest/memcpy
 printf '%-6s %11s %9s %9s %9s %9s %9s %9s %9s %12s %14s\n' "" GB s GB/s s GB/s s GB/s GB/s ratio ratio
 printf '%s\n' "${rows[@]}"
 [ "$have_check" = 1 ] || status=1

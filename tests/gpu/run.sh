@@ -33,7 +33,7 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "$ngpu" -gt 0 ]
 result $? "a CUDA device is visible" "nvidia-smi -L lists $ngpu"
 if ! command -v mpirun >/dev/null || ! pkg-config --exists libcjson || ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
-    apt-get install -y -qq libopenmpi-dev openmpi-bin libcjson-dev libopenblas-dev pkg-config cmake >/dev/null
+    apt-get install -y -qq libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev libopenblas-dev pkg-config cmake >/dev/null
 fi
 cmake -S . -B build-gpu -DGCD_WITH_NCCL=ON >"$out/cmake.log" 2>&1 && grep -q "backend nccl: ON" "$out/cmake.log"
 result $? "configure enables the NCCL backend" "$(grep -o "backend nccl.*" "$out/cmake.log" || tail -3 "$out/cmake.log")"
