@@ -333,7 +333,9 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
                           "needs an `if __name__ == '__main__':` guard")
             shown = ", ".join(f"{n}: {'killed' if c is None else c}" for n, c in zip(names, codes))
             raise HarnessError(f"{what}: exit codes {shown}\n{errors}\n{_kept(outdir)}", outdir)
-        rc, report, text = run_check(os.path.join(outdir, "reduced"), ref=os.path.join(outdir, "ref.safetensors"),
+        # both stages in one check: the local dumps say which ranks gave no gradient before the all-reduce
+        rc, report, text = run_check([os.path.join(outdir, "reduced"), os.path.join(outdir, "local")],
+                                     ref=os.path.join(outdir, "ref.safetensors"),
                                      ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, what, outdir, bin_path)
@@ -413,7 +415,10 @@ def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=Non
         for w, d in ((world, "ranks"), (1, "ref")):
             cmd = [sys.executable, "-m", "gradcheck_dist._lightning_run", *args, str(w), os.path.join(outdir, d)]
             _run_group(cmd, env, timeout, f"check_lightning devices={w}", outdir)
-        rc, report, text = run_check(os.path.join(outdir, "ranks"), ref=os.path.join(outdir, "ref", "rank0.safetensors"),
+        ranks = os.path.join(outdir, "ranks")   # and ranks/local (GradcheckDump under DDP): both stages in one check
+        local = os.path.join(ranks, "local")
+        rc, report, text = run_check([ranks, local] if os.path.isdir(local) else ranks,
+                                     ref=os.path.join(outdir, "ref", "rank0.safetensors"),
                                      ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, f"check_lightning world {world}", outdir, bin_path)

@@ -49,7 +49,10 @@ def lightning_package():
 class _GradcheckDump:
     """Writes DIRPATH/rank{r}.safetensors in on_after_backward at global step `step` (once).
 
-    Under DDP the gradients are already all-reduced there: stage "reduced" (with
+    Under DDP it also writes DIRPATH/local/rank{r}.safetensors: each rank's own gradient before the
+    all-reduce (LocalGradCapture, summed over the step's micro-batches), which says which ranks gave none:
+    `gradcheck-dist check DIRPATH DIRPATH/local --ref ...` reads both stages and leads with them.
+    Under DDP the gradients are already all-reduced in on_after_backward: stage "reduced" (with
     accumulate_grad_batches > 1 the dump waits for the micro-batch whose backward is all-reduced;
     with a GradScaler (16-mixed on GPUs) the gradients are still multiplied by the loss scale). Run it once with
     devices=N and once with devices=1 (the reference, same seed and global batch), then
@@ -62,6 +65,7 @@ class _GradcheckDump:
         self.dirpath, self.step, self.stage, self.dtype, self.writer = os.fspath(dirpath), step, stage, dtype, writer
         self.precision = precision
         self.written = None
+        self._local = None   # LocalGradCapture during the dumped step (DDP only)
 
     def on_fit_start(self, trainer, pl_module):
         from .dump import track_precision
@@ -81,16 +85,31 @@ class _GradcheckDump:
         grads = [g for g in grads if not hasattr(g, "to_local")]
         return coarsest([theirs, infer_precision(pl_module, grads)])
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        import torch
+
+        from .dump import LocalGradCapture
+
+        ddp = isinstance(getattr(trainer.strategy, "model", None), torch.nn.parallel.DistributedDataParallel)
+        if self.written is None and self._local is None and trainer.global_step == self.step and ddp:
+            self._local = LocalGradCapture(pl_module)   # from the step's first micro-batch
+
     def on_after_backward(self, trainer, pl_module):
         from .dump import dump_grads
 
         should_accumulate = getattr(trainer.fit_loop, "_should_accumulate", lambda: False)
         if self.written is None and trainer.global_step == self.step and not should_accumulate():
-            path = os.path.join(self.dirpath, f"rank{trainer.global_rank}.safetensors")
-            self.written = dump_grads(pl_module, path, stage=self.stage, rank=trainer.global_rank,
-                                      world=trainer.world_size, dtype=self.dtype, writer=self.writer,
-                                      extra_metadata={"gradcheck.step": trainer.global_step},
-                                      precision=self._precision(trainer, pl_module))
+            name, meta = f"rank{trainer.global_rank}.safetensors", {"gradcheck.step": trainer.global_step}
+            precision = self._precision(trainer, pl_module)
+            self.written = dump_grads(pl_module, os.path.join(self.dirpath, name), stage=self.stage,
+                                      rank=trainer.global_rank, world=trainer.world_size, dtype=self.dtype,
+                                      writer=self.writer, extra_metadata=meta, precision=precision)
+            if self._local is not None:
+                self._local.remove()
+                self._local.dump(os.path.join(self.dirpath, "local", name), rank=trainer.global_rank,
+                                 world=trainer.world_size, extra_metadata=meta, dtype=self.dtype, writer=self.writer,
+                                 precision=precision)
+                self._local = None
 
 
 GradcheckDump = type("GradcheckDump", (_GradcheckDump, lightning_package().Callback), {"__doc__": _GradcheckDump.__doc__})

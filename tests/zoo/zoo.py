@@ -293,11 +293,13 @@ def _lightning():
 
 
 class _LitClipBase:
-    def __init__(self, sync_grads):
+    def __init__(self, sync_grads, aux_even=False):
         super().__init__()
         self.img, self.txt = torch.nn.Linear(6, 4), torch.nn.Linear(5, 4)
         self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self.sync_grads = sync_grads
+        if aux_even:   # a head whose loss term only even ranks add (rank 0 alone: the reference adds it)
+            self.aux = torch.nn.Linear(4, 1)
 
     def gathered(self, x):
         y = self.all_gather(x, sync_grads=self.sync_grads)
@@ -308,7 +310,10 @@ class _LitClipBase:
         I, T = F.normalize(self.img(x_img), dim=-1), F.normalize(self.txt(x_txt), dim=-1)
         Ia, Ta = self.gathered(I), self.gathered(T)
         logits, labels = self.logit_scale.exp() * Ia @ Ta.T, torch.arange(Ia.shape[0])
-        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        if hasattr(self, "aux") and self.global_rank % 2 == 0:
+            loss = loss + self.aux(I).pow(2).mean()
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -325,6 +330,10 @@ def make_lit_nosync():
 
 def make_lit_sync():
     return _lit_class()(True)
+
+
+def make_lit_aux_even():
+    return _lit_class()(True, aux_even=True)
 
 
 def make_lit_batch():
