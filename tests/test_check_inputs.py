@@ -963,26 +963,39 @@ def replaced_while_being_read():
 # ----------------------------------------------------------------------------
 
 
+def need_digests(rep):
+    """every dump's digest in the report (and the reference's) is what xxh128sum prints for that file"""
+    run = rep["runs"][0]
+    files = run["dumps"] + ([run["reference"]] if run["reference"] else [])
+    out = subprocess.run(["xxh128sum", *[x["path"] for x in files]], capture_output=True, text=True, check=True).stdout
+    want = {os.path.realpath(name.lstrip("*")): h for h, name in (ln.split(None, 1) for ln in out.splitlines())}
+    need(len(set(want.values())) == len(files), f"xxh128sum: {len(set(want.values()))} distinct digests for {len(files)} distinct files")
+    for x in files:
+        need(want.get(os.path.realpath(x["path"])) == x["xxh128"], f"{x['path']}: report xxh128 {x['xxh128']}, xxh128sum {want.get(os.path.realpath(x['path']))}")
+
+
 @case
 def report_digest_of_every_dump_equals_xxh128sum():
-    """the report's digests come from a pool of hashing threads: each file's own, in its own slot, over
-    one piece (KiB) and several (rank 0's 40 MB: more than one 16 MiB piece, each dropped after);
-    xxh128sum (Debian's xxhash) prints the same"""
+    """each file's digest, made by the scan as it reads (tensors in the file in the parameters' order) or
+    by the pool of threads (another order): one piece (KiB) and several (rank 0's 40 MB, more than one
+    16 MiB piece), bytes the scan never reads (an --ignore'd tensor, the header, a gap before the data)"""
     d = fresh("digest")
     world = 9
     per_rank = [{"a": rnd(4, 5), "big": rnd(5_000_000) if k == 0 else None, "b": None} for k in range(world)]
     paths = w.write_world(d, per_rank, params=["a", "big", "b"])
     ref = w.write_dump(os.path.join(d, "ref.safetensors"), {"a": rnd(4, 5), "big": rnd(5_000_000), "b": None})
     _, rep = expect([*paths, "--ref", ref], 1, "big", report=True)
-    want = {}
-    for line in subprocess.run(["xxh128sum", *paths, ref], capture_output=True, text=True, check=True).stdout.splitlines():
-        h, name = line.split(None, 1)
-        want[os.path.realpath(name.lstrip("*"))] = h
-    need(len(set(want.values())) == world + 1, f"xxh128sum: {len(set(want.values()))} distinct digests for {world + 1} distinct files")
-    got = [(x["path"], x["xxh128"]) for x in rep["runs"][0]["dumps"]] + [(rep["runs"][0]["reference"]["path"], rep["runs"][0]["reference"]["xxh128"])]
-    need(len(got) == world + 1, f"{len(got)} digests for {world + 1} files")
-    for path, h in got:
-        need(want.get(os.path.realpath(path)) == h, f"{path}: report xxh128 {h}, xxh128sum {want.get(os.path.realpath(path))}")
+    need_digests(rep)
+    # odd ranks laid out in another order than the parameters (the pool hashes those), the reference too;
+    # the first tensor left out (--ignore: hashed on the way to the next)
+    d = fresh("digest_order")
+    g = {"a": rnd(3), "b": rnd(70_000), "c": rnd(2, 2)}
+    paths = [w.write_dump(f"{d}/rank{k}.safetensors", g if k % 2 == 0 else dict(reversed(g.items())), rank=k, world=4,
+                          params=["a", "b", "c"]) for k in range(4)]
+    ref = w.write_dump(f"{d}/ref.bin", dict(reversed(g.items())))
+    for extra in ([], ["--ignore", "a"], ["--ignore", "b"], ["--ignore", "c"]):
+        _, rep = expect([*paths, "--ref", ref, *extra], 0, report=True)
+        need_digests(rep)
 
 
 def run_cases(cases, prefix):

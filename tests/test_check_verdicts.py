@@ -297,6 +297,7 @@ def sharded_runs_assembled_under_original_names():
     text, rep = expect([d, "--ref", refp], 0, report=True)
     need(status(rep) == {"layers.0.w": "ok", "layers.0.b": "ok"}, f"statuses {status(rep)}")
     need(params(rep)["layers.0.w"]["shape"] == [6, 5], f"shape {params(rep)['layers.0.w']['shape']}")
+    t.need_digests(rep)   # each run hashed as the scan assembles it
     d2 = fresh("fsdp_scaled")
     refp = sharded(d2, TILE, scale=0.25)
     text, rep = expect([d2, "--ref", refp], 1, "x0.25 (= 1/world)", report=True)

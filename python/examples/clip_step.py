@@ -66,7 +66,9 @@ def step(a):
     model, x_img, x_txt = Clip(), torch.randn(16, 8), torch.randn(16, 6)
     shard = slice(rank * 16 // world, (rank + 1) * 16 // world)
     if distributed:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        # the no-grad gather leaves the encoders unused, which DDP must be told (as Lightning's
+        # ddp_find_unused_parameters_true does); with a gradient-carrying gather every parameter is used
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=a.gather == "nograd")
         gather = gather_with_grad if a.gather == "grad" else gather_no_grad
         ddp(x_img[shard], x_txt[shard], gather).backward()
     else:

@@ -17,8 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define XXH_STATIC_LINKING_ONLY   // XXH3_state_t on the stack
+#define XXH_STATIC_LINKING_ONLY   // XXH3_state_t in place
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>   // XXH3_128bits_update: AVX2 or AVX-512 where the CPU has it (chosen at run time)
+#endif
 #include "verdict.h"
 
 #define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
@@ -558,13 +561,16 @@ void gcd_check_free(gcd_check_set *set) {
 }
 
 // ----------------------------------------------------------------------------
-// The XXH3-128 of every file (what `xxh128sum` prints) while the main thread scans: it runs at about
-// the speed of memory, where a sha256 runs at a seventh of it. A digest is sequential within a file, so a
-// pool of threads takes one file at a time each: as many threads as the CPUs this process may run on, at
-// most one per file. It names the dumps a report was made from; it is not a signature.
+// The XXH3-128 of every file (what `xxh128sum` prints; a sha256 runs at a seventh of memory's speed).
+// It names the dumps a report was made from; it is not a signature. A digest is sequential within a file.
+// A mapped file whose tensors the scan reads in the order they lie in it is hashed by the scan itself,
+// each chunk as it is read (hash_to: while the chunk is in cache, so the file comes from memory once).
+// The other files go to a pool of threads, one file at a time each: as many threads as the CPUs this
+// process may run on, at most one per file.
 
 typedef struct {
     gcd_check_set *set;
+    const unsigned char *inl;   // (world + 1) 1: hashed by the scan, not by the pool
     atomic_int next;       // the next file to take: 0..world, the reference last
     atomic_int failed;     // set with err: the other threads stop before their next file
     pthread_mutex_t mu;    // err's one writer
@@ -606,6 +612,7 @@ static void *hash_files(void *arg) {
     for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) <= set->world;) {
         f = file_of(set, k);
         if (!f) { set->digest[k][0] = 0; continue; }
+        if (h->inl[k]) continue;
         XXH3_state_t s;
         XXH3_128bits_reset(&s);
         // from the mapping, no copy, and out of the resident set again piece by piece (16 MiB: page-aligned;
@@ -715,9 +722,34 @@ typedef struct {
     uint64_t *start;           // (world)
     double *g, *r, *tmp;       // (CHUNK)
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2
+    XXH3_state_t *xxh;         // (world + 1) the digests the scan makes (hash_to), where inl[k]
+    const unsigned char *inl;
+    uint64_t *hashed;          // (world + 1) how far into file k they are
     char *err;
     size_t len;
 } scan;
+
+// file k's digest up to byte `end`, in order: the chunk the scan just read is hashed while in cache;
+// bytes it never reads (the header, padding, ignored tensors) are taken on the way
+static void hash_to(scan *s, int k, uint64_t end) {
+    if (!s->inl || !s->inl[k] || end <= s->hashed[k]) return;
+    XXH3_128bits_update(&s->xxh[k], file_of(s->set, k)->map + s->hashed[k], (size_t)(end - s->hashed[k]));
+    s->hashed[k] = end;
+}
+
+// the scan reads a file's tensors in the order of the parameters; it can hash it when that is the
+// order they lie in the file (and the file is mapped)
+static int scan_order_is_file_order(const gcd_check_opts *o, const gcd_check_set *set, int k) {
+    const gcd_st_file *f = file_of(set, k);
+    uint64_t end = 0;
+    for (int j = 0; f && f->map && j < set->nparams; j++) {
+        const gcd_st_tensor *t = ignored(o, set->params[j]) ? NULL : gcd_st_find(f, set->params[j]);
+        if (!t) continue;
+        if (t->begin < end) return 0;
+        end = t->end;
+    }
+    return f && f->map;
+}
 
 static const char *volatile reading;   // the file being read, for the SIGBUS message
 
@@ -725,7 +757,9 @@ static const char *volatile reading;   // the file being read, for the SIGBUS me
 static const unsigned char *bytes(scan *s, int k, uint64_t at, size_t m) {
     const gcd_st_file *f = file_of(s->set, k);
     reading = f->path;
-    return gcd_st_bytes(f, s->t[k], at, m, s->err, s->len);
+    const unsigned char *b = gcd_st_bytes(f, s->t[k], at, m, s->err, s->len);
+    if (b) hash_to(s, k, f->data_start + s->t[k]->begin + (at + m) * gcd_dtype_size(s->t[k]->dtype));
+    return b;
 }
 
 // g (and r) for elements [at, at+m); with p, also each rank's own figures (without p, a reduced
@@ -742,6 +776,7 @@ static int chunk_sharded(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
         reading = f->path;
         const unsigned char *b = gcd_st_bytes(f, s->t[k], lo - s->start[k], (size_t)(hi - lo), s->err, s->len);
         if (!b) return 2;
+        hash_to(s, k, f->data_start + s->t[k]->begin + (hi - s->start[k]) * gcd_dtype_size(s->t[k]->dtype));
         rank_acc a = { 0 };
         take(TAKE_FIRST, s->t[k]->dtype, b, (size_t)(hi - lo), s->g + (lo - at), &a, s->tmp);
         if (!p) continue;
@@ -853,11 +888,20 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
     s.start = gcd_malloc((size_t)W * sizeof *s.start);
 
-    hash_job h = { .set = set, .mu = PTHREAD_MUTEX_INITIALIZER };
-    int nthreads = o->no_hash ? 0 : hash_threads(W + set->has_ref), threaded = 0;
+    unsigned char *inl = gcd_malloc((size_t)W + 1);
+    int pooled = 0;
+    for (int k = 0; k <= W && !o->no_hash; k++)
+        if (file_of(set, k)) pooled += !(inl[k] = (unsigned char)scan_order_is_file_order(o, set, k));
+    s.xxh = aligned_alloc(64, (size_t)(W + 1) * sizeof *s.xxh), s.hashed = gcd_malloc((size_t)(W + 1) * sizeof *s.hashed);   // XXH3's state: 64-byte aligned
+    if (!s.xxh) GCD_FATAL("out of memory for %d digests", W + 1);
+    for (int k = 0; k <= W; k++)
+        if (inl[k]) XXH3_128bits_reset(&s.xxh[k]);
+    s.inl = inl;
+    hash_job h = { .set = set, .inl = inl, .mu = PTHREAD_MUTEX_INITIALIZER };
+    int nthreads = o->no_hash || !pooled ? 0 : hash_threads(pooled), threaded = 0;
     pthread_t *threads = gcd_malloc((size_t)(nthreads ? nthreads : 1) * sizeof *threads);
     while (threaded < nthreads && pthread_create(&threads[threaded], NULL, hash_files, &h) == 0) threaded++;
-    if (!threaded && !o->no_hash) hash_files(&h);
+    if (!threaded && pooled) hash_files(&h);
 
     int rc = 0;
     sigjmp_buf jb;
@@ -926,6 +970,12 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     }
     if (tty && total > (1u << 30)) fprintf(stderr, "\r%40s\r", "");
     set->bytes = total;
+    for (int k = 0; k <= W; k++)   // the rest of each file the scan hashed: its last bytes past the last tensor read
+        if (inl[k]) {
+            hash_to(&s, k, file_of(set, k)->size);
+            XXH128_hash_t d = XXH3_128bits_digest(&s.xxh[k]);
+            gcd_xxh128_hex(d.high64, d.low64, set->digest[k]);
+        }
 done:
     gcd_st_jmp = NULL;
     for (int i = 0; i < threaded; i++) pthread_join(threads[i], NULL);
@@ -934,7 +984,7 @@ done:
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
-    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq), free(s.start);
+    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;
 }
