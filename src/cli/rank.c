@@ -223,6 +223,7 @@ int run_rank(const options *o, int argc, char **argv) {
     gcd_comm *comm = gcd_comm_mpi();
     int root = comm->rank == 0, differs;
     rank_facts *facts = gather_rank_facts(nargs, args, comm->world, &differs);
+    gcd_mpi_set_hosts(facts[0].host, sizeof *facts);   // the node's ranks (gcd_mpi_local), from the same collective
     char why[640] = "";   // every rank decides alike: the same facts, the same job, NCCL's own agreement
     if (differs >= 0)
         snprintf(why, sizeof why, "rank %d was started with other options than rank 0: every rank must run the same command", differs);

@@ -28,6 +28,7 @@ void gcd_mpi_bcast_int(int *v, int root);
 void gcd_mpi_allgather_bytes(const void *mine, void *all, int len);
 void gcd_mpi_library_version(char *buf, int len);
 void gcd_mpi_bcast_bytes(void *buf, int len, int root);
+void gcd_mpi_set_hosts(const char *first, size_t stride);   // every rank's host name, rank k's at first + k * stride (kept, not copied)
 void gcd_mpi_local(int *local_rank, int *local_size);   // ranks sharing this node
 // every rank of this node's len bytes, in local rank order, into all (local_size*len)
 void gcd_mpi_node_allgather(const void *mine, void *all, int len);

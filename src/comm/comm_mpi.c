@@ -223,23 +223,17 @@ void gcd_mpi_library_version(char *buf, int len) {
 
 void gcd_mpi_bcast_bytes(void *buf, int len, int root) { bcast(buf, len, MPI_BYTE, root); }
 
-// The ranks of this node, found from every rank's host name in one timed all-gather (MPI_Comm_split_type
-// has no non-blocking form, so a stopped peer could hang it). A node is a host name, as Open MPI's
-// shared-memory domain is on every machine this runs on. Gathered once; each rank's slot is
-// GCD_HOST_MAX bytes, NUL-terminated.
-enum { GCD_HOST_MAX = 256 };
-static char *hosts;   // (world, GCD_HOST_MAX)
+// The ranks of this node, from every rank's host name: the ones the program's first collective gathered
+// (gcd_mpi_set_hosts; MPI_Comm_split_type has no non-blocking form, so a stopped peer could hang it). A
+// node is a host name, as Open MPI's shared-memory domain is on every machine this runs on.
+static const char *hosts;   // rank k's at hosts + k * host_stride, NUL-terminated
+static size_t host_stride;
+
+void gcd_mpi_set_hosts(const char *first, size_t stride) { hosts = first, host_stride = stride; }
 
 static const char *host_of(int k) {
-    if (!hosts) {
-        int world;
-        char mine[GCD_HOST_MAX] = "";
-        mpiCheck(MPI_Comm_size(world_comm, &world));
-        if (gethostname(mine, sizeof mine - 1)) snprintf(mine, sizeof mine, "?");
-        hosts = gcd_malloc((size_t)world * GCD_HOST_MAX);
-        all_gather(mine, hosts, GCD_HOST_MAX, MPI_BYTE);
-    }
-    return hosts + (size_t)k * GCD_HOST_MAX;
+    if (!hosts) GCD_FATAL("the ranks' host names are not known yet (gcd_mpi_set_hosts)");
+    return hosts + (size_t)k * host_stride;
 }
 
 void gcd_mpi_local(int *local_rank, int *local_size) {
