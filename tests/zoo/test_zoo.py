@@ -40,6 +40,13 @@ def assert_clean(report):
     assert report["runs"][0]["world"] == W
 
 
+def clean_pattern(pattern):
+    """zoo.run_pattern(pattern) exits 0 with every parameter ok."""
+    rc, report, text = zoo.run_pattern(pattern)
+    assert rc == 0, text
+    assert_clean(report)
+
+
 def failing(make_model, step, batch):
     with pytest.raises(GradcheckFailure) as e:
         check_ddp(make_model, step, batch, world=W)
@@ -171,9 +178,7 @@ def test_ddp_ignored_param_disagrees():
 
 def test_no_sync_accumulation_divided():
     zoo.preload("timm.models.vision_transformer")
-    rc, report, text = zoo.run_pattern(zoo.pattern_nosync_divided)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_nosync_divided)
 
 
 def test_no_sync_accumulation_undivided_is_x2():
@@ -204,30 +209,22 @@ def test_bert_bf16_autocast():
 
 def test_bf16_parameters():
     zoo.preload("timm.models.vision_transformer")
-    rc, report, text = zoo.run_pattern(zoo.pattern_bf16_params)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_bf16_params)
 
 
 # ---- sharded training
 
 
 def test_fsdp1():
-    rc, report, text = zoo.run_pattern(zoo.pattern_fsdp1)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_fsdp1)
 
 
 def test_fsdp1_use_orig_params():
-    rc, report, text = zoo.run_pattern(zoo.pattern_fsdp1_orig)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_fsdp1_orig)
 
 
 def test_fsdp2():
-    rc, report, text = zoo.run_pattern(zoo.pattern_fsdp2)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_fsdp2)
 
 
 def test_fsdp2_summed_is_quarter():
@@ -240,9 +237,7 @@ def test_fsdp2_summed_is_quarter():
 
 
 def test_compiled_model():
-    rc, report, text = zoo.run_pattern(zoo.pattern_compile)
-    assert rc == 0, text
-    assert_clean(report)
+    clean_pattern(zoo.pattern_compile)
 
 
 # ---- Lightning 2.6: self.all_gather(sync_grads=False / True)

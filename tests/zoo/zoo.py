@@ -346,6 +346,7 @@ def make_lit_batch():
 
 def _worker(rank, world, pattern, outdir, initfile):
     try:
+        torch.set_num_threads(1)   # as check_ddp's children: a fork after the parent used its OpenMP pool hangs otherwise
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world)
         try:
@@ -440,7 +441,8 @@ def pattern_bf16_params(rank, world, outdir):
 # FSDP1 (use_orig_params False / True) and FSDP2 (fully_shard) on gloo CPU ranks
 
 
-def _fsdp1(rank, world, outdir, orig, loss_sum=False):
+def _mlp_pattern(rank, world, outdir, wrap, loss_sum=False):
+    """The MLP on the rank's shard, wrapped by wrap(model) (the reference: the plain model, the whole batch)."""
     torch.manual_seed(0)
     model = make_mlp()
     x, y = mlp_batch(64)
@@ -449,80 +451,61 @@ def _fsdp1(rank, world, outdir, orig, loss_sum=False):
         step(model, (x, y), 0, 1).backward()
         dump_grads(model, dump_path(outdir, 0, 1))
         return
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    fsdp = FSDP(model, device_id=torch.device("cpu"), use_orig_params=orig)
-    step(fsdp, (_shard(x, rank, world), _shard(y, rank, world)), rank, world).backward()
-    dump_grads(fsdp, dump_path(outdir, rank, world))
-
-
-def pattern_fsdp1(rank, world, outdir):
-    _fsdp1(rank, world, outdir, False)
-
-
-def pattern_fsdp1_orig(rank, world, outdir):
-    _fsdp1(rank, world, outdir, True)
-
-
-def _fsdp2(rank, world, outdir, loss_sum):
-    torch.manual_seed(0)
-    model = make_mlp()
-    x, y = mlp_batch(64)
-    step = step_mlp_sum if loss_sum else step_mlp
-    if world == 1:
-        step(model, (x, y), 0, 1).backward()
-        dump_grads(model, dump_path(outdir, 0, 1))
-        return
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = wrap(model)
     step(model, (_shard(x, rank, world), _shard(y, rank, world)), rank, world).backward()
     dump_grads(model, dump_path(outdir, rank, world))
 
 
+def _fsdp1(orig):
+    def wrap(model):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP(model, device_id=torch.device("cpu"), use_orig_params=orig)
+    return wrap
+
+
+def _fsdp2(model):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def pattern_fsdp1(rank, world, outdir):
+    _mlp_pattern(rank, world, outdir, _fsdp1(False))
+
+
+def pattern_fsdp1_orig(rank, world, outdir):
+    _mlp_pattern(rank, world, outdir, _fsdp1(True))
+
+
 def pattern_fsdp2(rank, world, outdir):
-    _fsdp2(rank, world, outdir, False)
+    _mlp_pattern(rank, world, outdir, _fsdp2)
 
 
 def pattern_fsdp2_sum(rank, world, outdir):  # x0.25
-    _fsdp2(rank, world, outdir, True)
+    _mlp_pattern(rank, world, outdir, _fsdp2, loss_sum=True)
 
 
 # torch.compile: the ranks run DDP(torch.compile(model)); the reference is the plain model
 
 
 def pattern_compile(rank, world, outdir):
-    torch.manual_seed(0)
-    model = make_mlp()
-    x, y = mlp_batch(64)
-    if world == 1:
-        step_mlp(model, (x, y), 0, 1).backward()
-        dump_grads(model, dump_path(outdir, 0, 1))
-        return
-    compiled = torch.compile(model, backend="aot_eager")
-    ddp = torch.nn.parallel.DistributedDataParallel(compiled)
-    step_mlp(ddp, (_shard(x, rank, world), _shard(y, rank, world)), rank, world).backward()
-    dump_grads(ddp, dump_path(outdir, rank, world))
+    _mlp_pattern(rank, world, outdir, lambda m: torch.nn.parallel.DistributedDataParallel(torch.compile(m, backend="aot_eager")))
 
 
 # DDP that leaves a parameter out of its all-reduce (_set_params_and_buffers_to_ignore_for_model): disagree
 
 
-def pattern_ddp_ignored_param(rank, world, outdir):
-    torch.manual_seed(0)
-    model = make_mlp()
-    x, y = mlp_batch(64)
-    if world == 1:
-        step_mlp(model, (x, y), 0, 1).backward()
-        dump_grads(model, dump_path(outdir, 0, 1))
-        return
+def _ddp_ignoring_4(model):
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["4.weight", "4.bias"])
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    step_mlp(ddp, (_shard(x, rank, world), _shard(y, rank, world)), rank, world).backward()
-    dump_grads(ddp, dump_path(outdir, rank, world))
+    return torch.nn.parallel.DistributedDataParallel(model)
 
+
+def pattern_ddp_ignored_param(rank, world, outdir):
+    _mlp_pattern(rank, world, outdir, _ddp_ignoring_4)
