@@ -23,6 +23,9 @@ import xml.etree.ElementTree as ET
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workflow  # noqa: E402
+
 SRC = os.path.realpath(sys.argv[1])
 PLANTED = '''def gather(x):
     """A gather without gradients (the planted defect)."""
@@ -71,18 +74,9 @@ site = glob.glob(os.path.join(venv_torch2, "lib", "python3*", "site-packages"))
 if not site:
     fail(f"{venv_torch2} is missing (run bash .ci/torch2, as CI does): its torch stands in for the install step's")
 
-files = subprocess.run(["git", "-C", SRC, "ls-files", "-z", "-co", "--exclude-standard"], check=True,
-                       capture_output=True).stdout.decode().split("\0")
-
-
 def project(planted):
     work = tempfile.mkdtemp(prefix="gradcheck-ci-doc.")
-    for f in filter(None, files):  # actions/checkout of gradcheck-dist into gradcheck-dist/
-        src = os.path.join(SRC, f)
-        if os.path.isfile(src) and not os.path.islink(src):
-            dst = os.path.join(work, "gradcheck-dist", f)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copy2(src, dst)
+    workflow.checkout(SRC, os.path.join(work, "gradcheck-dist"))   # actions/checkout of gradcheck-dist into gradcheck-dist/
     os.makedirs(os.path.join(work, "tests"))
     m = model.replace(gather_def.group(0), PLANTED) if planted else model
     if planted and m == model:
@@ -97,24 +91,12 @@ def project(planted):
 
 
 def run_steps(work, name):
-    """Runs the run: steps in order; returns (index of the first failing step or None, its output)."""
-    env = dict(os.environ)
-    env.pop("GRADCHECK_DIST", None)
-    env.update({k: str(v) for k, v in (wf.get("env") or {}).items()})
-    env.update({k: str(v) for k, v in (job.get("env") or {}).items()})
-    n = 0
-    for s in steps:
-        if "run" not in s:
-            continue
-        n += 1
-        script = os.path.join(work, f".step{n}.sh")
-        open(script, "w").write(s["run"])
-        step_env = dict(env, **{k: str(v) for k, v in (s.get("env") or {}).items()})
-        r = subprocess.run(["bash", "-e", script], cwd=work, env=step_env, capture_output=True, text=True, timeout=900)
-        print(f"{name}: step {n} ({s.get('name')}): exit {r.returncode}")
-        if r.returncode != 0:
-            return n, s, r.stdout + r.stderr
-    return None, None, ""
+    """Runs the run: steps in order; returns (index of the first failing step or None, the step, its output)."""
+    _, failed = workflow.run_steps(wf, job, work, f"{name}: ", timeout=900, unset=("GRADCHECK_DIST",))
+    if not failed:
+        return None, None, ""
+    n, s, r = failed
+    return n, s, r.stdout + r.stderr
 
 
 def junit(work):

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -20,6 +19,7 @@ import yaml
 SRC = os.path.realpath(sys.argv[1])
 sys.path.insert(0, os.path.join(SRC, "tests"))
 import check_junit  # noqa: E402
+import workflow  # noqa: E402
 
 
 def fail(why):
@@ -46,29 +46,11 @@ if "uses" not in upload or str(upload.get("if", "")).strip("${} ") != "always()"
 
 work = tempfile.mkdtemp(prefix="gradcheck-ci.")
 try:
-    # checkout: the repository's files as a clone would have them (this tree's, uncommitted edits included)
-    files = subprocess.run(["git", "-C", SRC, "ls-files", "-z", "-co", "--exclude-standard"], check=True,
-                           capture_output=True).stdout.decode().split("\0")
-    for f in filter(None, files):
-        src = os.path.join(SRC, f)
-        if os.path.isfile(src) and not os.path.islink(src):
-            os.makedirs(os.path.dirname(os.path.join(work, f)) or work, exist_ok=True)
-            shutil.copy2(src, os.path.join(work, f))
-    env = dict(os.environ)
-    env.update({k: str(v) for k, v in (wf.get("env") or {}).items()})
-    env.update({k: str(v) for k, v in (job.get("env") or {}).items()})
-    n = 0
-    for s in steps:
-        if "run" not in s:
-            continue
-        n += 1
-        step_env = dict(env, **{k: str(v) for k, v in (s.get("env") or {}).items()})
-        script = os.path.join(work, f".step{n}.sh")
-        open(script, "w").write(s["run"])
-        r = subprocess.run(["bash", "-e", script], cwd=work, env=step_env, capture_output=True, text=True, timeout=800)
-        print(f"step {n} ({s.get('name', s['run'][:40])}): exit {r.returncode}")
-        if r.returncode != 0:
-            fail(f"step {n} {s.get('name')!r} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    workflow.checkout(SRC, work)   # actions/checkout: this tree's files as a clone would have them
+    n, failed = workflow.run_steps(wf, job, work, "", timeout=800)
+    if failed:
+        k, s, r = failed
+        fail(f"step {k} {s.get('name')!r} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     if n < 3:
         fail(f"expected install, build and run steps, got {n} run steps")
     # upload: every file it names exists, and they are what they claim to be
