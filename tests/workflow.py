@@ -6,6 +6,12 @@ import shutil
 import subprocess
 
 
+def one_job(wf):
+    """(the workflow's one job, or None, and the job names)"""
+    jobs = wf.get("jobs") or {}
+    return (next(iter(jobs.values())) if len(jobs) == 1 else None), list(jobs)
+
+
 def checkout(src, dst):
     """This tree's files as a clone would have them (tracked and untracked, not ignored; uncommitted edits
     included), copied into dst."""
