@@ -302,7 +302,7 @@ out=$(mpirun -q "${root[@]}" --oversubscribe -np 2 "$G" run --world 3 --no-json 
 # ---- a runtime failure (an MPI call made to fail through PMPI): exit 3, the rank and call named, and
 # rank 0, alive, leaves a whole report saying "error"
 if [ -n "$FAULT" ]; then
-    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json >err.out 2>err.txt
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=7 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json >err.out 2>err.txt
     rc=$?
     [ $rc = 3 ] || fail "an MPI failure on rank 0 exited $rc, expected 3"
     grep -q "rank 0: MPI_Allgather" err.txt || fail "the failure must name rank 0 and MPI_Allgather: $(cat err.txt)"
@@ -313,7 +313,7 @@ jsonschema.validate(d, json.load(open(sys.argv[2])))
 assert d["result"] == "error" and d["exit_code"] == 3 and d["error"]["rank"] == 0, (d["result"], d["error"])
 assert "MPI_Allgather" in d["error"]["message"], d["error"]
 PY
-    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=1 "$G" run --world 2 --json err1.json >/dev/null 2>err1.txt
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=7 GCD_FAULT_RANK=1 "$G" run --world 2 --json err1.json >/dev/null 2>err1.txt
     rc=$?
     [ $rc = 3 ] || fail "an MPI failure on rank 1 exited $rc, expected 3"
     grep -q "rank 1: MPI_Allgather" err1.txt || fail "the failure must name rank 1: $(cat err1.txt)"
@@ -342,7 +342,7 @@ rc=$?
 grep -q "^result: fail (exit $rc)$" off2.txt || fail "the text's exit code differs from the process's ($rc): $(tail -1 off2.txt)"
 # a fatal error on rank 0 ends every rank (MPI_Abort), even where mpirun would leave the others running
 if [ -n "$FAULT" ]; then
-    OMPI_MCA_orte_abort_on_non_zero_status=0 LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=0 timeout 60 "$G" run --world 2 --no-json >abort.txt 2>&1
+    OMPI_MCA_orte_abort_on_non_zero_status=0 LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=7 GCD_FAULT_RANK=0 timeout 60 "$G" run --world 2 --no-json >abort.txt 2>&1
     rc=$?
     [ $rc = 3 ] || fail "a fatal error on rank 0 with orte_abort_on_non_zero_status=0 exited $rc, expected 3 (124: the job hung)"
 fi

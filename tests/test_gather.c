@@ -92,14 +92,14 @@ static void ddp_bucket_should_equal_one_at_a_time(gcd_comm *comm) {
         all[i] = malloc((size_t)W * n[i] * sizeof(double)), all1[i] = malloc((size_t)W * n[i] * sizeof(double));
         has[i] = malloc((size_t)W), has1[i] = malloc((size_t)W);
     }
-    gcd_ddp_mean_bucket(comm, K, local, n, mean, all, has, nhave);
+    gcd_ddp_mean_bucket(comm, K, local, n, mean, all, has, nhave, 0);
     double *keep = mean[0];   // a NULL mean: that tensor's copies and count, no mean
     unsigned char has0[64];
     mean[0] = NULL;
     if (W <= 64) {
         memset(all1[0], 0, (size_t)W * n[0] * sizeof(double));
         int got[K];
-        gcd_ddp_mean_bucket(comm, 1, local, n, mean, all1, (unsigned char *[]){ has0 }, got);
+        gcd_ddp_mean_bucket(comm, 1, local, n, mean, all1, (unsigned char *[]){ has0 }, got, 0);
         CHECK(got[0] == W && !memcmp(all[0], all1[0], (size_t)W * n[0] * sizeof(double)) && !memcmp(has0, has[0], (size_t)W),
               "rank %d: a NULL mean must still give the count and every rank's copy", R);
     }
@@ -114,6 +114,38 @@ static void ddp_bucket_should_equal_one_at_a_time(gcd_comm *comm) {
         free(mean[i]), free(one[i]), free(all[i]), free(all1[i]), free(has[i]), free(has1[i]);
     }
     CHECK(nhave[0] == W && nhave[1] == (W + 1) / 2 && nhave[2] == 0, "rank %d: bucket counts %d %d %d", R, nhave[0], nhave[1], nhave[2]);
+}
+
+// root_only (a run without SGD steps): rank 0 gets the bits every rank gets without it; another rank
+// gets counts of 0 and its outputs untouched
+static void ddp_bucket_root_only_should_equal_everywhere_on_rank0(gcd_comm *comm) {
+    int W = comm->world, R = comm->rank;
+    enum { K = 2 };
+    size_t n[K] = { 5, 3 };
+    double g0[5], g1[3], *mean[K], *want[K], *all[K], *allw[K];
+    unsigned char *has[K], *hasw[K];
+    fill(g0, 5, 8, R), fill(g1, 3, 9, R);
+    const double *local[K] = { g0, R % 2 ? NULL : g1 };
+    int nhave[K], nhavew[K];
+    for (int i = 0; i < K; i++) {
+        mean[i] = malloc(n[i] * sizeof(double)), want[i] = malloc(n[i] * sizeof(double));
+        all[i] = malloc((size_t)W * n[i] * sizeof(double)), allw[i] = malloc((size_t)W * n[i] * sizeof(double));
+        has[i] = malloc((size_t)W), hasw[i] = malloc((size_t)W);
+        for (size_t j = 0; j < n[i]; j++) mean[i][j] = -1;   // a sentinel: untouched off rank 0
+    }
+    gcd_ddp_mean_bucket(comm, K, local, n, want, allw, hasw, nhavew, 0);
+    gcd_ddp_mean_bucket(comm, K, local, n, mean, all, has, nhave, 1);
+    for (int i = 0; i < K; i++) {
+        if (R == 0) {
+            CHECK(nhave[i] == nhavew[i] && !memcmp(mean[i], want[i], n[i] * sizeof(double)) &&
+                  !memcmp(all[i], allw[i], (size_t)W * n[i] * sizeof(double)) && !memcmp(has[i], hasw[i], (size_t)W),
+                  "rank 0: root_only bucket tensor %d differs from every rank's (count %d vs %d)", i, nhave[i], nhavew[i]);
+        } else {
+            CHECK(nhave[i] == 0 && mean[i][0] == -1 && mean[i][n[i] - 1] == -1, "rank %d: root_only must leave tensor %d alone (count %d)", R,
+                  i, nhave[i]);
+        }
+        free(mean[i]), free(want[i]), free(all[i]), free(allw[i]), free(has[i]), free(hasw[i]);
+    }
 }
 
 // k tensors in one collective: the same gathered values and the same gradients back, bit for bit, as k
@@ -167,6 +199,7 @@ int main(int argc, char **argv) {
     }
     ddp_mean_should_track_none(comm);
     ddp_bucket_should_equal_one_at_a_time(comm);
+    ddp_bucket_root_only_should_equal_everywhere_on_rank0(comm);
     gather_many_should_equal_one_at_a_time(comm);
     double failures = check_failures;
     comm->all_reduce(comm, &failures, 1);

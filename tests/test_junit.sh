@@ -68,7 +68,7 @@ assert "fc1.weight and fc1.bias receive no gradient" in f[0][2] and "logit_scale
 
 # ---- runtime errors: an <error> testcase, and the JSON and the JUnit say the same
 if [ -n "$FAULT" ]; then
-    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=12 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json --junit err.xml >/dev/null 2>err.txt
+    LD_PRELOAD=$FAULT GCD_FAULT_ALLGATHER=7 GCD_FAULT_RANK=0 "$G" run --world 2 --json err.json --junit err.xml >/dev/null 2>err.txt
     rc=$?
     [ $rc = 3 ] || fail "an MPI failure with --junit exited $rc, expected 3"
     grep -q "JUnit written to err.xml" err.txt || fail "the fatal path does not say it wrote the JUnit file: $(cat err.txt)"

@@ -310,23 +310,32 @@ static void blas_should_propagate_nan(void) {
 
 // column-wise cross-entropy equals the row-wise one of the transpose, bit for bit (the contrastive
 // probe's text side, and with it the reports, unchanged); and the gradient recomputed from the saved
-// max and sum has the bits of the stored softmax's (exp(z - max) / sum, then k (p - onehot))
+// max and sum has the bits of the stored softmax's (exp(z - max) / sum, then k (p - onehot)), and so has
+// the one from the kept exps
 static void cross_entropy_cols_should_equal_transposed_rows(void) {
     enum { N = 6, C = 9 };
     gcd_rng r = gcd_rng_make(5, 3);
     double z[N * C], zt[C * N], lse[2 * C], lset[2 * C], out, outt, dz[N * C] = { 0 }, dzt[C * N] = { 0 };
+    double e[N * C], et[C * N], lsek[2 * C], lsetk[2 * C], outk, outtk, dzk[N * C] = { 0 }, dztk[C * N] = { 0 };
     int label[C];
     for (int i = 0; i < N * C; i++) z[i] = 3 * gcd_rng_normal(&r);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) zt[c * N + n] = z[n * C + c];
     for (int c = 0; c < C; c++) label[c] = (c * 5) % N;
-    cross_entropy_cols_forward(&out, lse, z, label, N, C);
-    cross_entropy_forward(&outt, lset, zt, label, C, N);
+    cross_entropy_cols_forward(&out, lse, NULL, z, label, N, C);
+    cross_entropy_forward(&outt, lset, NULL, zt, label, C, N);
+    cross_entropy_cols_forward(&outk, lsek, e, z, label, N, C);
+    cross_entropy_forward(&outtk, lsetk, et, zt, label, C, N);
     CHECK(out == outt, "cross_entropy_cols: loss %.17g, rows of the transpose %.17g", out, outt);
     double dout = 0.7;
-    cross_entropy_cols_backward(dz, &dout, lse, z, label, N, C);
-    cross_entropy_backward(dzt, &dout, lset, zt, label, C, N);
-    int differ = 0, unlike = 0;
+    cross_entropy_cols_backward(dz, &dout, lse, NULL, z, label, N, C);
+    cross_entropy_backward(dzt, &dout, lset, NULL, zt, label, C, N);
+    cross_entropy_cols_backward(dzk, &dout, lsek, e, z, label, N, C);
+    cross_entropy_backward(dztk, &dout, lsetk, et, zt, label, C, N);
+    int differ = 0, unlike = 0, kept = outk != out || outtk != outt;
+    for (int i = 0; i < N * C; i++) kept += dzk[i] != dz[i] || dztk[i] != dzt[i];
+    for (int i = 0; i < 2 * C; i++) kept += lsek[i] != lse[i] || lsetk[i] != lset[i];
+    CHECK(kept == 0, "cross_entropy: %d losses, max, sums or gradient values from the kept exps differ from the recomputed ones", kept);
     for (int c = 0; c < C; c++) differ += lse[c] != lset[2 * c] || lse[C + c] != lset[2 * c + 1];
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) differ += dz[n * C + c] != dzt[c * N + n];

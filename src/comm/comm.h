@@ -13,6 +13,7 @@ typedef struct gcd_comm {
     void (*reduce_scatter)(struct gcd_comm *c, const double *send, double *recv, size_t n);   // SUM: send (world*n) -> recv (n)
     void (*all_reduce)(struct gcd_comm *c, double *buf, size_t n);                            // SUM, in place
     void (*barrier)(struct gcd_comm *c);
+    void (*gather)(struct gcd_comm *c, const double *send, double *recv, size_t n);           // send (n) -> recv (world*n) on rank 0; NULL: none (nccl)
     void *impl;
 } gcd_comm;
 

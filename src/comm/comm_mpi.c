@@ -181,6 +181,14 @@ static void mpi_all_reduce(gcd_comm *c, double *buf, size_t n) {
     mpiWait(r, "MPI_Allreduce");
 }
 
+static void mpi_gather(gcd_comm *c, const double *send, double *recv, size_t n) {
+    (void)c;
+    MPI_Request r;
+    int k = count(n, "MPI_Gather");
+    mpi_check(MPI_Igather(send, k, MPI_DOUBLE, recv, k, MPI_DOUBLE, 0, world_comm, &r), "MPI_Gather", __FILE__, __LINE__);
+    mpiWait(r, "MPI_Gather");
+}
+
 static void mpi_barrier(gcd_comm *c) {
     (void)c;
     MPI_Request r;
@@ -197,6 +205,7 @@ gcd_comm *gcd_comm_mpi(void) {
     c.reduce_scatter = mpi_reduce_scatter;
     c.all_reduce = mpi_all_reduce;
     c.barrier = mpi_barrier;
+    c.gather = mpi_gather;
     return &c;
 }
 

@@ -14,6 +14,8 @@
 int gcd_ddp_mean(gcd_comm *comm, const double *local, size_t n, double *mean, double *all, unsigned char *has);
 // The same for k tensors in one collective (DDP's gradient bucket): local[i] (n[i]) or NULL, mean[i]
 // (n[i]); all and has, or any all[i] and has[i], may be NULL; a NULL mean[i] skips that mean (a tensor
-// carried only for its every-rank copy); nhave[i] receives tensor i's count.
+// carried only for its every-rank copy); nhave[i] receives tensor i's count. root_only: only rank 0's
+// outputs are wanted (no update follows): the buckets go to rank 0 alone, where backend has a gather,
+// with the same bits there; another rank's nhave are 0 and its other outputs untouched.
 void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, const size_t *n, double **mean,
-                         double **all, unsigned char **has, int *nhave);
+                         double **all, unsigned char **has, int *nhave, int root_only);

@@ -126,7 +126,8 @@ static void step(gcd_comm *comm, const gcd_run_opts *o, gcd_params *P, gcd_arena
 // ----------------------------------------------------------------------------
 // After each step one collective, as DDP's gradient bucket (ddp.c): every parameter's gradient, this
 // rank's loss and, on the first step, what blame.c reads of it: every rank's shortest path from each
-// parameter to its loss, and every rank's gradients on both sides of each gather.
+// parameter to its loss, and every rank's gradients on both sides of each gather. Without SGD steps
+// only rank 0 reads it, and it goes to rank 0 alone.
 
 #define BUCKET_MAX (GCD_MAX_PARAMS + 2 + 2 * GCD_MAX_FEATS)   // parameters, the loss, the paths, both sides of each gather
 
@@ -257,7 +258,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             every = root ? gcd_malloc((size_t)W * P.n * GCD_PATH_PACKED * sizeof(double)) : NULL;
             trace_add(&b, comm, pr, &P, &ps, res, paths, every);
         }
-        gcd_ddp_mean_bucket(comm, b.k, b.local, b.n, b.mean, b.all, b.has, b.nhave);
+        gcd_ddp_mean_bucket(comm, b.k, b.local, b.n, b.mean, b.all, b.has, b.nhave, o->steps == 0);   // no update: rank 0 alone reads it
         if (s == 0 && root) trace_read(pr, &P, &ps, res, every);
         free(paths), free(every);
         for (int i = 0; i < P.n && s == 0; i++) {

@@ -115,53 +115,70 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
     }
 }
 
-// Cross-entropy keeps only each row's max and sum of exp(z - max) (its log-sum-exp), not the N x C
-// softmax: backward recomputes exp(z - max) / sum, the same operations in the same order as the
-// forward's, so the gradient has the bits a stored softmax gave. For the contrastive probe at B=1024,
-// world 4 that is two (4096 x 4096) float64 buffers (256 MiB) fewer per pass. The column-wise pair
+// Cross-entropy keeps each row's max and sum of exp(z - max) (its log-sum-exp) and, where e is given,
+// the exp(z - max) themselves, for backward's exp(z - max) / sum. Without them backward recomputes each
+// exp with the forward's operations in the forward's order, so the gradient has the same bits either
+// way; cross_entropy() keeps them up to CE_KEEP values (8 MiB) and recomputes past that: for the
+// contrastive probe at B=1024, world 4 that is two (4096 x 4096) float64 buffers (256 MiB) fewer per
+// pass, and below it the exps (most of the loss's time) once instead of twice. The column-wise pair
 // scores z's columns, as cross_entropy of z^T would, without the transpose: the same sums in the same order.
 
-void cross_entropy_forward(double *out, double *lse, const double *z, const int *label, int N, int C) {
+void cross_entropy_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
     double loss = 0;
     for (int n = 0; n < N; n++) {
         const double *zr = z + (size_t)n * C;
-        double mx = zr[0], s = 0;
+        double mx = zr[0], s = 0, *er = e ? e + (size_t)n * C : NULL;
         for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (int c = 0; c < C; c++) s += exp(zr[c] - mx);
+        if (er)
+            for (int c = 0; c < C; c++) s += er[c] = exp(zr[c] - mx);
+        else
+            for (int c = 0; c < C; c++) s += exp(zr[c] - mx);
         lse[2 * n] = mx, lse[2 * n + 1] = s;
         loss += mx + log(s) - zr[label[n]];
     }
     out[0] = loss / N;
 }
 
-void cross_entropy_backward(double *dz, const double *dout, const double *lse, const double *z, const int *label, int N, int C) {
+void cross_entropy_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label, int N,
+                            int C) {
     double k = dout[0] / N;
     for (int n = 0; n < N; n++) {
-        const double *zr = z + (size_t)n * C, mx = lse[2 * n], s = lse[2 * n + 1];
+        const double *zr = z + (size_t)n * C, *er = e ? e + (size_t)n * C : NULL, mx = lse[2 * n], s = lse[2 * n + 1];
         double *dr = dz + (size_t)n * C;
-        for (int c = 0; c < C; c++) dr[c] += k * (exp(zr[c] - mx) / s - (c == label[n]));
+        if (er)
+            for (int c = 0; c < C; c++) dr[c] += k * (er[c] / s - (c == label[n]));
+        else
+            for (int c = 0; c < C; c++) dr[c] += k * (exp(zr[c] - mx) / s - (c == label[n]));
     }
 }
 
-void cross_entropy_cols_forward(double *out, double *lse, const double *z, const int *label, int N, int C) {
+void cross_entropy_cols_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
     double *mx = lse, *s = lse + C, loss = 0;
     for (int c = 0; c < C; c++) mx[c] = z[c], s[c] = 0;
     for (int n = 1; n < N; n++)
         for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) s[c] += exp(z[(size_t)n * C + c] - mx[c]);
+    for (size_t n = 0; n < (size_t)N; n++)
+        if (e)
+            for (int c = 0; c < C; c++) s[c] += e[n * C + c] = exp(z[n * C + c] - mx[c]);
+        else
+            for (int c = 0; c < C; c++) s[c] += exp(z[n * C + c] - mx[c]);
     for (int c = 0; c < C; c++) loss += mx[c] + log(s[c]) - z[(size_t)label[c] * C + c];
     out[0] = loss / C;
 }
 
-void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *z, const int *label, int N, int C) {
+void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label,
+                                 int N, int C) {
     double k = dout[0] / C;
     const double *mx = lse, *s = lse + C;
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++)
-            dz[(size_t)n * C + c] += k * (exp(z[(size_t)n * C + c] - mx[c]) / s[c] - (n == label[c]));
+    for (size_t n = 0; n < (size_t)N; n++)
+        if (e)
+            for (int c = 0; c < C; c++) dz[n * C + c] += k * (e[n * C + c] / s[c] - (n == (size_t)label[c]));
+        else
+            for (int c = 0; c < C; c++) dz[n * C + c] += k * (exp(z[n * C + c] - mx[c]) / s[c] - (n == (size_t)label[c]));
 }
 
+
+#define CE_KEEP ((size_t)1 << 20)   // cross_entropy keeps up to this many exps (8 MiB) for its backward
 
 static void op_backward(gcd_ctx *c, gcd_node *nd);
 
@@ -288,8 +305,9 @@ static gcd_tensor *cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label, in
         lab[i] = label[i];
     }
     gcd_tensor *out = scalar(c);
-    double *lse = gcd_arena_alloc_raw(c->arena, 2 * (size_t)nlab * sizeof(double));   // (nlab, 2) or (2, C)
-    (cols ? cross_entropy_cols_forward : cross_entropy_forward)(out->data, lse, z->data, lab, N, C);
+    size_t keep = z->n <= CE_KEEP ? z->n : 0;   // the exps, after the max and sum
+    double *lse = gcd_arena_alloc_raw(c->arena, (2 * (size_t)nlab + keep) * sizeof(double));   // (nlab, 2) or (2, C), then (N, C)
+    (cols ? cross_entropy_cols_forward : cross_entropy_forward)(out->data, lse, keep ? lse + 2 * nlab : NULL, z->data, lab, N, C);
     gcd_node *nd = record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
     nd->saved = lse;
     nd->labels = lab;
@@ -387,10 +405,12 @@ static void op_backward(gcd_ctx *c, gcd_node *nd) {
         for (size_t i = 0; i < out->n; i++) dx[i] += dout[i] * out->data[i];
         break;
     }
-    case GCD_OP_CROSS_ENTROPY:
-        (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, in[0]->data,
-                                                                          nd->labels, in[0]->shape[0], in[0]->shape[1]);
+    case GCD_OP_CROSS_ENTROPY: {
+        int N = in[0]->shape[0], C = in[0]->shape[1];
+        const double *e = in[0]->n <= CE_KEEP ? nd->saved + 2 * (size_t)(nd->mode ? C : N) : NULL;   // kept by cross_entropy()
+        (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, e, in[0]->data, nd->labels, N, C);
         break;
+    }
     default:
         GCD_FATAL("backward: no rule for op %s", gcd_op_name(nd->op));
     }

@@ -28,13 +28,13 @@ void matmul_nt_forward(double *out, const double *a, const double *b, int M, int
 void matmul_nt_backward(double *da, double *db, const double *dout, const double *a, const double *b, int M, int N, int K);   // of a b^T
 void normalize_forward(double *out, double *norm, const double *x, int N, int D);   // rows: x / max(||x||, 1e-12)
 void normalize_backward(double *dx, const double *dout, const double *out, const double *norm, int N, int D);
-// lse (N,2): each row's max and sum of exp(z - max); backward recomputes the softmax from z and lse
-void cross_entropy_forward(double *out, double *lse, const double *z, const int *label, int N, int C);   // out (1): mean over rows
-void cross_entropy_backward(double *dz, const double *dout, const double *lse, const double *z, const int *label, int N, int C);
+// lse (N,2): each row's max and sum of exp(z - max); e (N,C): exp(z - max), or NULL: backward recomputes them
+void cross_entropy_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C);   // out (1): mean over rows
+void cross_entropy_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label, int N, int C);
 // over z's columns, as cross_entropy of z^T: label (C), a row per column; out (1): mean over columns;
-// lse (2,C): the columns' maxima, then their sums
-void cross_entropy_cols_forward(double *out, double *lse, const double *z, const int *label, int N, int C);
-void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *z, const int *label, int N, int C);
+// lse (2,C): the columns' maxima, then their sums; e as above
+void cross_entropy_cols_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C);
+void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label, int N, int C);
 
 // ----------------------------------------------------------------------------
 // autograd ops on tensors
