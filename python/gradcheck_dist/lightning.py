@@ -86,12 +86,13 @@ class _GradcheckDump:
         return coarsest([theirs, infer_precision(pl_module, grads)])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.written is not None or self._local is not None or trainer.global_step != self.step:
+            return   # every other batch: nothing to do
         import torch
 
         from .dump import LocalGradCapture
 
-        ddp = isinstance(getattr(trainer.strategy, "model", None), torch.nn.parallel.DistributedDataParallel)
-        if self.written is None and self._local is None and trainer.global_step == self.step and ddp:
+        if isinstance(getattr(trainer.strategy, "model", None), torch.nn.parallel.DistributedDataParallel):
             self._local = LocalGradCapture(pl_module)   # from the step's first micro-batch
 
     def on_after_backward(self, trainer, pl_module):

@@ -13,10 +13,10 @@ int gcd_ddp_mean(gcd_comm *comm, const double *local, size_t n, double *mean, do
 
 void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, const size_t *n, double **mean,
                          double **all, unsigned char **has, int *nhave, int root_only) {
-    int W = comm->world, to_root = root_only && comm->gather, here = !to_root || comm->rank == 0;
+    int W = comm->world, to_root = root_only && comm->gather;
     size_t per = 0;   // one rank's bucket: each tensor's n values, then its present flag
     for (int i = 0; i < k; i++) per += n[i] + 1;
-    double *mine = gcd_malloc(per * sizeof(double)), *every = here ? gcd_malloc((size_t)W * per * sizeof(double)) : NULL;
+    double *mine = gcd_malloc(per * sizeof(double)), *every = !to_root || comm->rank == 0 ? gcd_malloc((size_t)W * per * sizeof(double)) : NULL;
     for (size_t i = 0, off = 0; i < (size_t)k; off += n[i] + 1, i++) {
         if (local[i]) memcpy(mine + off, local[i], n[i] * sizeof(double));   // None: zeros (gcd_malloc)
         mine[off + n[i]] = local[i] != NULL;
@@ -26,7 +26,7 @@ void gcd_ddp_mean_bucket(gcd_comm *comm, int k, const double *const *local, cons
     for (size_t i = 0, off = 0; i < (size_t)k; off += n[i] + 1, i++) {
         double *m = mean[i];
         nhave[i] = 0;
-        if (!here) continue;   // root_only: this rank's outputs are not written
+        if (!every) continue;   // root_only, not rank 0: only the counts (0) are written
         if (m) memset(m, 0, n[i] * sizeof(double));
         for (int r = 0; r < W; r++) {   // in rank order: every rank sums alike
             const double *g = every + (size_t)r * per + off;

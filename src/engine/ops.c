@@ -129,10 +129,11 @@ void cross_entropy_forward(double *out, double *lse, double *e, const double *z,
         const double *zr = z + (size_t)n * C;
         double mx = zr[0], s = 0, *er = e ? e + (size_t)n * C : NULL;
         for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
-        if (er)
-            for (int c = 0; c < C; c++) s += er[c] = exp(zr[c] - mx);
-        else
-            for (int c = 0; c < C; c++) s += exp(zr[c] - mx);
+        for (int c = 0; c < C; c++) {
+            double v = exp(zr[c] - mx);
+            if (er) er[c] = v;
+            s += v;
+        }
         lse[2 * n] = mx, lse[2 * n + 1] = s;
         loss += mx + log(s) - zr[label[n]];
     }
@@ -145,10 +146,7 @@ void cross_entropy_backward(double *dz, const double *dout, const double *lse, c
     for (int n = 0; n < N; n++) {
         const double *zr = z + (size_t)n * C, *er = e ? e + (size_t)n * C : NULL, mx = lse[2 * n], s = lse[2 * n + 1];
         double *dr = dz + (size_t)n * C;
-        if (er)
-            for (int c = 0; c < C; c++) dr[c] += k * (er[c] / s - (c == label[n]));
-        else
-            for (int c = 0; c < C; c++) dr[c] += k * (exp(zr[c] - mx) / s - (c == label[n]));
+        for (int c = 0; c < C; c++) dr[c] += k * ((er ? er[c] : exp(zr[c] - mx)) / s - (c == label[n]));
     }
 }
 
@@ -158,10 +156,11 @@ void cross_entropy_cols_forward(double *out, double *lse, double *e, const doubl
     for (int n = 1; n < N; n++)
         for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
     for (size_t n = 0; n < (size_t)N; n++)
-        if (e)
-            for (int c = 0; c < C; c++) s[c] += e[n * C + c] = exp(z[n * C + c] - mx[c]);
-        else
-            for (int c = 0; c < C; c++) s[c] += exp(z[n * C + c] - mx[c]);
+        for (int c = 0; c < C; c++) {
+            double v = exp(z[n * C + c] - mx[c]);
+            if (e) e[n * C + c] = v;
+            s[c] += v;
+        }
     for (int c = 0; c < C; c++) loss += mx[c] + log(s[c]) - z[(size_t)label[c] * C + c];
     out[0] = loss / C;
 }
@@ -171,10 +170,8 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *l
     double k = dout[0] / C;
     const double *mx = lse, *s = lse + C;
     for (size_t n = 0; n < (size_t)N; n++)
-        if (e)
-            for (int c = 0; c < C; c++) dz[n * C + c] += k * (e[n * C + c] / s[c] - (n == (size_t)label[c]));
-        else
-            for (int c = 0; c < C; c++) dz[n * C + c] += k * (exp(z[n * C + c] - mx[c]) / s[c] - (n == (size_t)label[c]));
+        for (int c = 0; c < C; c++)
+            dz[n * C + c] += k * ((e ? e[n * C + c] : exp(z[n * C + c] - mx[c])) / s[c] - (n == (size_t)label[c]));
 }
 
 
