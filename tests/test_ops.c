@@ -1,6 +1,7 @@
 // Every op's backward against central differences in float64, and None versus zero; the CBLAS kernels
 // (linear, matmul_nt) against the plain loops they replaced (ref_*, below), on odd shapes, bias or not,
-// NULL gradients; column-wise cross-entropy against the row-wise one of the transpose, bit for bit.
+// NULL gradients; column-wise cross-entropy against the row-wise one of the transpose, bit for bit;
+// gcd_exp_n against libm's exp(), bit for bit.
 #define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
 #include <cblas.h>
 #include <math.h>
@@ -8,9 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__) && __has_include(<sys/platform/x86.h>)
+#include <sys/platform/x86.h>   // CPU_FEATURE_ACTIVE: glibc's choice of its exp
+#endif
 
 #include "autograd.h"
 #include "check.h"
+#include "exp.h"
 #include "ops.h"
 
 #define MAXIN 4
@@ -310,43 +315,90 @@ static void blas_should_propagate_nan(void) {
 
 // column-wise cross-entropy equals the row-wise one of the transpose, bit for bit (the contrastive
 // probe's text side, and with it the reports, unchanged); and the gradient recomputed from the saved
-// max and sum has the bits of the stored softmax's (exp(z - max) / sum, then k (p - onehot)), and so has
-// the one from the kept exps
-static void cross_entropy_cols_should_equal_transposed_rows(void) {
-    enum { N = 6, C = 9 };
+// max and sum has the bits of the stored softmax's (exp(z - max) / sum with libm's exp, then
+// k (p - onehot)), and so has the one from the kept exps; C past gcd_exp_n's batches too
+static void cross_entropy_cols_should_equal_transposed_rows(int N, int C) {
     gcd_rng r = gcd_rng_make(5, 3);
-    double z[N * C], zt[C * N], lse[2 * C], lset[2 * C], out, outt, dz[N * C] = { 0 }, dzt[C * N] = { 0 };
-    double e[N * C], et[C * N], lsek[2 * C], lsetk[2 * C], outk, outtk, dzk[N * C] = { 0 }, dztk[C * N] = { 0 };
-    int label[C];
-    for (int i = 0; i < N * C; i++) z[i] = 3 * gcd_rng_normal(&r);
+    size_t nc = (size_t)N * C;
+    double *z = malloc(nc * sizeof *z), *zt = malloc(nc * sizeof *zt), *e = malloc(nc * sizeof *e), *et = malloc(nc * sizeof *et);
+    double *dz = calloc(nc, sizeof *dz), *dzt = calloc(nc, sizeof *dzt), *dzk = calloc(nc, sizeof *dzk), *dztk = calloc(nc, sizeof *dztk);
+    double *lse = malloc(2 * (size_t)C * sizeof *lse), *lset = malloc(2 * (size_t)C * sizeof *lset);
+    double *lsek = malloc(2 * (size_t)C * sizeof *lsek), *lsetk = malloc(2 * (size_t)C * sizeof *lsetk), *p = malloc((size_t)N * sizeof *p);
+    int *label = malloc((size_t)C * sizeof *label);
+    double out, outt, outk, outtk;
+    for (size_t i = 0; i < nc; i++) z[i] = 3 * gcd_rng_normal(&r);
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) zt[c * N + n] = z[n * C + c];
+        for (int c = 0; c < C; c++) zt[(size_t)c * N + n] = z[(size_t)n * C + c];
     for (int c = 0; c < C; c++) label[c] = (c * 5) % N;
     cross_entropy_cols_forward(&out, lse, NULL, z, label, N, C);
     cross_entropy_forward(&outt, lset, NULL, zt, label, C, N);
     cross_entropy_cols_forward(&outk, lsek, e, z, label, N, C);
     cross_entropy_forward(&outtk, lsetk, et, zt, label, C, N);
-    CHECK(out == outt, "cross_entropy_cols: loss %.17g, rows of the transpose %.17g", out, outt);
+    CHECK(out == outt, "cross_entropy_cols (%d x %d): loss %.17g, rows of the transpose %.17g", N, C, out, outt);
     double dout = 0.7;
     cross_entropy_cols_backward(dz, &dout, lse, NULL, z, label, N, C);
     cross_entropy_backward(dzt, &dout, lset, NULL, zt, label, C, N);
     cross_entropy_cols_backward(dzk, &dout, lsek, e, z, label, N, C);
     cross_entropy_backward(dztk, &dout, lsetk, et, zt, label, C, N);
     int differ = 0, unlike = 0, kept = outk != out || outtk != outt;
-    for (int i = 0; i < N * C; i++) kept += dzk[i] != dz[i] || dztk[i] != dzt[i];
+    for (size_t i = 0; i < nc; i++) kept += dzk[i] != dz[i] || dztk[i] != dzt[i];
     for (int i = 0; i < 2 * C; i++) kept += lsek[i] != lse[i] || lsetk[i] != lset[i];
-    CHECK(kept == 0, "cross_entropy: %d losses, max, sums or gradient values from the kept exps differ from the recomputed ones", kept);
+    CHECK(kept == 0, "cross_entropy (%d x %d): %d losses, max, sums or gradient values from the kept exps differ from the recomputed ones", N, C, kept);
     for (int c = 0; c < C; c++) differ += lse[c] != lset[2 * c] || lse[C + c] != lset[2 * c + 1];
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) differ += dz[n * C + c] != dzt[c * N + n];
-    CHECK(differ == 0, "cross_entropy_cols: %d max, sum or gradient values differ from the transpose's", differ);
+        for (int c = 0; c < C; c++) differ += dz[(size_t)n * C + c] != dzt[(size_t)c * N + n];
+    CHECK(differ == 0, "cross_entropy_cols (%d x %d): %d max, sum or gradient values differ from the transpose's", N, C, differ);
     for (int c = 0; c < C; c++) {   // the softmax as the forward computed it once, stored
-        double mx = zt[c * N], s = 0, p[N];
-        for (int n = 1; n < N; n++) mx = zt[c * N + n] > mx ? zt[c * N + n] : mx;
-        for (int n = 0; n < N; n++) s += p[n] = exp(zt[c * N + n] - mx);
-        for (int n = 0; n < N; n++) unlike += dzt[c * N + n] != (dout / C) * (p[n] / s - (n == label[c]));
+        const double *zr = zt + (size_t)c * N;
+        double mx = zr[0], s = 0;
+        for (int n = 1; n < N; n++) mx = zr[n] > mx ? zr[n] : mx;
+        for (int n = 0; n < N; n++) s += p[n] = exp(zr[n] - mx);
+        unlike += lset[2 * c + 1] != s;
+        for (int n = 0; n < N; n++) unlike += dzt[(size_t)c * N + n] != (dout / C) * (p[n] / s - (n == label[c]));
     }
-    CHECK(unlike == 0, "cross_entropy: %d gradient values differ from a stored softmax's", unlike);
+    CHECK(unlike == 0, "cross_entropy (%d x %d): %d sums or gradient values differ from a stored softmax's", C, N, unlike);
+    free(z), free(zt), free(e), free(et), free(dz), free(dzt), free(dzk), free(dztk);
+    free(lse), free(lset), free(lsek), free(lsetk), free(p), free(label);
+}
+
+// gcd_exp_n against exp(), bit for bit: every range the loss meets and every other (tiny, huge, 0,
+// subnormal results, infinities, NaN, any bit pattern), at every length modulo its four lanes
+static void exp_n_should_match_libm(void) {
+    enum { K = 1 << 16 };
+    static double x[K], y[K];
+    uint64_t s = 88172645463325252ull;
+    long differ = 0, total = 0;
+    static const double special[] = { 0.0, -0.0, 0x1p-54, -0x1p-55, 0x1p-1074, 511.99, 512.0, -512.0, 709.78, 709.79, -708.3, -745.1, -746.0,
+                                      -1024.5, 1e300, -1e300, INFINITY, -INFINITY, NAN };
+    for (int round = 0; round < 32; round++) {
+        for (int i = 0; i < K; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            double u = (double)(s >> 11) * 0x1p-53;
+            switch (round % 4) {
+            case 0: x[i] = -40 * u; break;   // exp(z - max): the cross-entropy's arguments
+            case 1: x[i] = 1500 * (u - 0.5); break;
+            case 2: memcpy(&x[i], &s, sizeof s); break;
+            default: x[i] = -u * ldexp(1.0, (int)(s % 64) - 56);
+            }
+        }
+        for (size_t j = 0; j < sizeof special / sizeof *special; j++) x[(size_t)round * 131 + j * 7] = special[j];
+        size_t n = K - (size_t)round % 4;   // a tail of 0 to 3 values past the last four
+        gcd_exp_n(y, x, n);
+        for (size_t i = 0; i < n; i++, total++) {
+            double want = exp(x[i]);
+            if (memcmp(&y[i], &want, sizeof want) && !(isnan(y[i]) && isnan(want))) {
+                if (differ++ < 3) printf("FAIL exp(%a): %a, libm %a\n", x[i], y[i], want);
+            }
+        }
+    }
+    CHECK(differ == 0, "gcd_exp_n: %ld of %ld values differ from exp()", differ, total);
+#if defined(__x86_64__) && __has_include(<sys/platform/x86.h>)
+    CHECK(gcd_exp_fast() == (CPU_FEATURE_ACTIVE(AVX2) && CPU_FEATURE_ACTIVE(FMA)),
+          "gcd_exp_n: four at a time %d, where glibc runs __exp_fma %d (a batch that failed its own check against exp()?)", gcd_exp_fast(),
+          CPU_FEATURE_ACTIVE(AVX2) && CPU_FEATURE_ACTIVE(FMA));
+#endif
+    printf("%s exp: %ld values as libm's, %s\n", differ ? "FAIL" : "ok  ", total,
+           gcd_exp_fast() ? "four at a time (glibc's __exp_fma)" : "one exp() call each (this CPU or libm has no bit-exact batch)");
 }
 
 // ----------------------------------------------------------------------------
@@ -444,7 +496,10 @@ int main(void) {
     blas_should_be_deterministic();
     blas_should_propagate_nan();
     blas_threads_should_share_cpus();
-    cross_entropy_cols_should_equal_transposed_rows();
+    cross_entropy_cols_should_equal_transposed_rows(6, 9);
+    cross_entropy_cols_should_equal_transposed_rows(5, 600);   // 600: batches of 256, 256 and 88
+    cross_entropy_cols_should_equal_transposed_rows(600, 5);
+    exp_n_should_match_libm();
     scaled_matmul_should_be_exact_at_any_scale();
     none_should_differ_from_zero();
     no_grad_and_detach_should_cut_the_graph();

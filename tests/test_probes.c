@@ -245,10 +245,38 @@ static void steps_should_show_learning_stopped(gcd_comm *comm, int mode) {
     gcd_run_result_free(&res);
 }
 
+// ----------------------------------------------------------------------------
+// `run` gives every probe and mode one arena for their passes (gcd_run_opts.arena): a run in memory
+// that the runs before it used, and left full of NaN, gives the report of a run in fresh memory
+
+static void poison(gcd_arena *a) {
+    for (int k = 0; k < 4; k++) memset(gcd_arena_alloc_raw(a, 1 << 20), 0xff, 1 << 20);   // NaN in every double
+    gcd_arena_reset(a);
+}
+
+static void reused_arena_should_change_nothing(gcd_comm *comm, const gcd_run_opts *o, const gcd_run_result *res, gcd_arena *shared) {
+    gcd_run_opts os = *o;
+    os.arena = shared;
+    poison(shared);
+    gcd_run_result again;
+    gcd_run(comm, &os, &again);
+    if (comm->rank == 0) {
+        cJSON *a = report_of(res), *b = report_of(&again);
+        char *sa = cJSON_PrintUnformatted(a), *sb = cJSON_PrintUnformatted(b);
+        size_t i = 0;
+        while (sa[i] && sa[i] == sb[i]) i++;
+        CHECK(!strcmp(sa, sb), "%s mode %s: the run in a reused arena differs from the run in its own, at byte %zu: ...%.60s vs ...%.60s",
+              o->probe->name, gcd_gather_mode_name(o->mode), i, sa + i, sb + i);
+        free(sa), free(sb), cJSON_Delete(a), cJSON_Delete(b);
+    }
+    gcd_run_result_free(&again);
+}
+
 int main(int argc, char **argv) {
     gcd_mpi_init(&argc, &argv);
     gcd_comm *comm = gcd_comm_mpi();
     int nruns = 0;
+    gcd_arena shared = { 0 };
     for (int pi = 0; gcd_probes[pi]; pi++)
         for (int variant = 0; variant < 2; variant++)   // simplenet: seed/random inputs; contrastive: global/local loss
             for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) {
@@ -259,6 +287,7 @@ int main(int argc, char **argv) {
                 gcd_run_result res;
                 gcd_run(comm, &o, &res);
                 inputs_should_be_rebuildable(comm, &o, &res);
+                reused_arena_should_change_nothing(comm, &o, &res, &shared);
                 if (comm->rank == 0) {
                     statuses_should_match_convention(&res);
                     gcd_sb why = { 0 };
@@ -271,6 +300,7 @@ int main(int argc, char **argv) {
                 gcd_run_result_free(&res);
                 nruns++;
             }
+    gcd_arena_free(&shared);
     for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) steps_should_show_learning_stopped(comm, mode);
     unused_on_some_ranks_should_be_partial(comm);
     double failures = check_failures;

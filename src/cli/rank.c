@@ -280,12 +280,13 @@ int run_rank(const options *o, int argc, char **argv) {
     }
 
     int all_met = 1;
+    gcd_arena passes = { 0 };   // every run's passes, in the same memory: touched once, not once a run
     for (int pi = 0; gcd_probes[pi]; pi++) {
         const gcd_probe *pr = gcd_probes[pi];
         if (strcmp(o->probe, "all") && strcmp(o->probe, pr->name)) continue;
         gcd_reference ref = { 0 };   // one reference for every mode of this probe (rank 0's)
         for (int mi = 0; mi < o->nmode; mi++) {
-            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr, .ref = &ref };
+            gcd_run_opts ro = { .probe = pr, .cfg = o->cfg, .mode = o->mode[mi], .steps = o->steps, .lr = o->lr, .ref = &ref, .arena = &passes };
             if (strcmp(pr->name, "contrastive")) ro.cfg.local_loss = 0;
             gcd_run_result res;
             char what[96];
@@ -306,6 +307,7 @@ int run_rank(const options *o, int argc, char **argv) {
         }
         gcd_reference_free(&ref);
     }
+    gcd_arena_free(&passes);
 
     int code = all_met ? 0 : 1;
     if (root && interrupted_file[0] && !launcher_alive()) {   // the launcher was killed (SIGKILL): nobody takes a verdict

@@ -202,7 +202,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     res->nloss = o->steps > 0 ? o->steps : 1;
     res->loss = gcd_malloc((size_t)(root ? res->nloss : 1) * W * sizeof(double));   // the history lives on rank 0 only
 
-    gcd_arena params_arena = { 0 }, arena = { 0 };
+    gcd_arena params_arena = { 0 }, own = { 0 }, *arena = o->arena ? o->arena : &own;
     gcd_ctx pc = gcd_ctx_make(&params_arena);
     gcd_params P = { 0 };
     pr->init(&pc, &o->cfg, &P);
@@ -223,7 +223,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     // the inputs' shapes, from rank 0's own (every rank's are alike)
     res->ninput = pr->ninput;
     {
-        gcd_ctx c = gcd_ctx_make(&arena);
+        gcd_ctx c = gcd_ctx_make(arena);
         gcd_tensor *in[GCD_MAX_INPUTS];
         pr->inputs(&c, &o->cfg, 0, in);
         for (int j = 0; j < pr->ninput; j++) {
@@ -233,7 +233,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             res->input_n[j] = in[j]->n;
             if (root) res->inputs[j] = gcd_malloc((size_t)W * in[j]->n * sizeof(double));
         }
-        gcd_arena_reset(&arena);
+        gcd_arena_reset(arena);
     }
 
     // rank 0's reference, on its own thread from here to the end of the first step (inline when no
@@ -247,7 +247,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     for (int i = 0; i < P.n; i++) mean[i] = gcd_malloc(P.t[i]->n * sizeof(double));
     for (int s = 0; s < res->nloss; s++) {
         pass ps;
-        step(comm, o, &P, &arena, &ps);
+        step(comm, o, &P, arena, &ps);
         bucket b = { 0 };
         for (int i = 0; i < P.n; i++)
             bucket_add(&b, P.t[i]->grad, P.t[i]->n, mean[i], s == 0 ? res->param[i].local : NULL, s == 0 ? res->param[i].has : NULL);
@@ -266,7 +266,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
             p->nhave = b.nhave[i];   // ranks with a gradient
             p->reduced = b.nhave[i] ? copy(mean[i], p->n) : NULL;
         }
-        gcd_arena_reset(&arena);
+        gcd_arena_reset(arena);
         if (s == 0 && root) {   // at the starting values, before any update
             if (!computes) reference_copy(o->ref, res, 0);
             else {
@@ -287,7 +287,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         p->moved = sqrt(d2);
         p->moved_any = memcmp(P.t[i]->data, p->init, p->n * sizeof(double)) != 0;
     }
-    gcd_arena_free(&arena);
+    gcd_arena_free(&own);   // o->arena's chunks stay, reset, for the next run's passes
     gcd_arena_free(&params_arena);
     res->tol = GCD_TOL;
     if (root) gcd_verdict(res), gcd_blame(res);

@@ -126,6 +126,7 @@ typedef struct {
     int steps;
     double lr;
     gcd_reference *ref;   // optional: reused when done, kept otherwise; NULL computes it for this run alone
+    gcd_arena *arena;     // optional: the passes' memory, reset (not freed) at the end for the next run; NULL: this run's own
     void (*progress)(int step, int nstep);   // optional: rank 0 calls it after each step (1..nstep)
 } gcd_run_opts;
 

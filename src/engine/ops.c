@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "autograd.h"
+#include "exp.h"
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -123,16 +124,25 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
 // pass, and below it the exps (most of the loss's time) once instead of twice. The column-wise pair
 // scores z's columns, as cross_entropy of z^T would, without the transpose: the same sums in the same order.
 
+// exp(z - m) of len values into v, in gcd_exp_n's batches: m (len) per value, or m0 for all
+#define EXP_CHUNK 256   // values a stack buffer holds where the exps are not kept
+
+static const double *exps(double *v, const double *z, const double *m, double m0, int len) {
+    for (int j = 0; j < len; j++) v[j] = z[j] - (m ? m[j] : m0);
+    gcd_exp_n(v, v, (size_t)len);
+    return v;
+}
+
 void cross_entropy_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
-    double loss = 0;
+    double loss = 0, buf[EXP_CHUNK];
     for (int n = 0; n < N; n++) {
         const double *zr = z + (size_t)n * C;
         double mx = zr[0], s = 0, *er = e ? e + (size_t)n * C : NULL;
         for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (int c = 0; c < C; c++) {
-            double v = exp(zr[c] - mx);
-            if (er) er[c] = v;
-            s += v;
+        for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
+            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            const double *v = exps(er ? er + c0 : buf, zr + c0, NULL, mx, len);
+            for (int j = 0; j < len; j++) s += v[j];
         }
         lse[2 * n] = mx, lse[2 * n + 1] = s;
         loss += mx + log(s) - zr[label[n]];
@@ -142,24 +152,28 @@ void cross_entropy_forward(double *out, double *lse, double *e, const double *z,
 
 void cross_entropy_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label, int N,
                             int C) {
-    double k = dout[0] / N;
+    double k = dout[0] / N, buf[EXP_CHUNK];
     for (int n = 0; n < N; n++) {
-        const double *zr = z + (size_t)n * C, *er = e ? e + (size_t)n * C : NULL, mx = lse[2 * n], s = lse[2 * n + 1];
+        const double *zr = z + (size_t)n * C, mx = lse[2 * n], s = lse[2 * n + 1];
         double *dr = dz + (size_t)n * C;
-        for (int c = 0; c < C; c++) dr[c] += k * ((er ? er[c] : exp(zr[c] - mx)) / s - (c == label[n]));
+        for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
+            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            const double *v = e ? e + (size_t)n * C + c0 : exps(buf, zr + c0, NULL, mx, len);
+            for (int j = 0; j < len; j++) dr[c0 + j] += k * (v[j] / s - (c0 + j == label[n]));
+        }
     }
 }
 
 void cross_entropy_cols_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
-    double *mx = lse, *s = lse + C, loss = 0;
+    double *mx = lse, *s = lse + C, loss = 0, buf[EXP_CHUNK];
     for (int c = 0; c < C; c++) mx[c] = z[c], s[c] = 0;
     for (int n = 1; n < N; n++)
         for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
     for (size_t n = 0; n < (size_t)N; n++)
-        for (int c = 0; c < C; c++) {
-            double v = exp(z[n * C + c] - mx[c]);
-            if (e) e[n * C + c] = v;
-            s[c] += v;
+        for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
+            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            const double *v = exps(e ? e + n * C + c0 : buf, z + n * C + c0, mx + c0, 0, len);
+            for (int j = 0; j < len; j++) s[c0 + j] += v[j];
         }
     for (int c = 0; c < C; c++) loss += mx[c] + log(s[c]) - z[(size_t)label[c] * C + c];
     out[0] = loss / C;
@@ -167,11 +181,14 @@ void cross_entropy_cols_forward(double *out, double *lse, double *e, const doubl
 
 void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label,
                                  int N, int C) {
-    double k = dout[0] / C;
+    double k = dout[0] / C, buf[EXP_CHUNK];
     const double *mx = lse, *s = lse + C;
     for (size_t n = 0; n < (size_t)N; n++)
-        for (int c = 0; c < C; c++)
-            dz[n * C + c] += k * ((e ? e[n * C + c] : exp(z[n * C + c] - mx[c])) / s[c] - (n == (size_t)label[c]));
+        for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
+            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            const double *v = e ? e + n * C + c0 : exps(buf, z + n * C + c0, mx + c0, 0, len);
+            for (int j = 0; j < len; j++) dz[n * C + c0 + j] += k * (v[j] / s[c0 + j] - (n == (size_t)label[c0 + j]));
+        }
 }
 
 
