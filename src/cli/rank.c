@@ -121,7 +121,7 @@ typedef struct {
 
 static rank_facts *gather_rank_facts(int argc, char **args, int world, int *differs) {
     rank_facts mine = { 0 }, *all = gcd_malloc((size_t)world * sizeof *all);
-    gethostname(mine.host, sizeof mine.host - 1);
+    if (gethostname(mine.host, sizeof mine.host - 1) || !mine.host[0]) strcpy(mine.host, "?");   // as the report says of any unknown
     snprintf(mine.pid, sizeof mine.pid, "%ld", (long)getpid());
     XXH3_state_t h;
     XXH3_128bits_reset(&h);
