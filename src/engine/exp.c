@@ -6,8 +6,10 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && __has_include(<sys/platform/x86.h>)
+#include <sys/platform/x86.h>   // glibc 2.33 has the header, 2.34 its CPU_FEATURE_ACTIVE
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && defined(CPU_FEATURE_ACTIVE)
 #include <immintrin.h>
-#include <sys/platform/x86.h>
 
 // ----------------------------------------------------------------------------
 // glibc's exp on x86-64 (2.28 on) is ARM's optimized-routines exp, also musl's; where the CPU has AVX2
@@ -116,19 +118,27 @@ __attribute__((target("avx2,fma"))) static void exp_fma4(double *y, const double
 }
 
 // The loop above only where glibc runs __exp_fma: where it runs another build (a CPU without AVX2 or
-// FMA, or either masked by GLIBC_TUNABLES) its roundings differ in about 1 value in 1000. A libm
-// whose exp is another algorithm differs far more often: one value of the check below keeps exp().
+// FMA, or either masked by GLIBC_TUNABLES) its roundings differ in about 1 value in 1000, and so do a
+// correctly rounded exp's (1 in 1300). The check below starts with values on which __exp_fma differs
+// from both (found by comparing them here), then spans every range: one difference keeps exp().
 static int fast;
 static pthread_once_t chosen = PTHREAD_ONCE_INIT;
 
+static const double telling[] = {
+    -0x1.5019b208fd14ap+2, -0x1.6c6345e9f20a8p+2, -0x1.54faee019fb58p+3, -0x1.6d22a98a65e9fp+2,   // a correctly rounded exp differs
+    -0x1.0bedc57f91c8bp+5, -0x1.bbd020ded97cp+4, -0x1.4918fb7365262p+1, -0x1.54718c142f843p+4,
+    -0x1.364d81364ef4ap+4, -0x1.47a43cd55d07bp+3, -0x1.cc802569c67acp+3, -0x1.e8dc5ca8570d4p+4,   // glibc's build without FMA differs
+    -0x1.374ab2e81734p+2, -0x1.8aafc3c5d5817p+4, -0x1.cb1532a70fa85p+2, -0x1.7dfe790d7b56cp+2,
+};
+
 static void choose(void) {
     if (!CPU_FEATURE_ACTIVE(AVX2) || !CPU_FEATURE_ACTIVE(FMA)) return;   // glibc's own test, tunables applied
-    enum { K = 512 };
+    enum { T = sizeof telling / sizeof *telling, K = 512 };
     double x[K], got[K];
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (int i = 0; i < K; i++) {   // every table entry and every range the cross-entropy meets, and beyond it
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = ((double)(s >> 11) * 0x1p-53 - 0.75) * (i < K / 2 ? 64.0 : 1500.0);
+        x[i] = i < T ? telling[i] : ((double)(s >> 11) * 0x1p-53 - 0.75) * (i < K / 2 ? 64.0 : 1500.0);
     }
     exp_fma4(got, x, K);
     for (int i = 0; i < K; i++) {
