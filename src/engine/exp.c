@@ -9,6 +9,7 @@
 #include <sys/platform/x86.h>   // glibc 2.33 has the header, 2.34 its CPU_FEATURE_ACTIVE
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && defined(CPU_FEATURE_ACTIVE)
+#define EXP_BATCH 1
 #include <immintrin.h>
 
 // ----------------------------------------------------------------------------
@@ -148,23 +149,23 @@ static void choose(void) {
     fast = 1;
 }
 
+#endif
+
 int gcd_exp_fast(void) {
+#ifdef EXP_BATCH
     pthread_once(&chosen, choose);
     return fast;
-}
-
-void gcd_exp_n(double *y, const double *x, size_t n) {
-    if (gcd_exp_fast()) exp_fma4(y, x, n);
-    else
-        for (size_t i = 0; i < n; i++) y[i] = exp(x[i]);
-}
-
 #else
-
-int gcd_exp_fast(void) { return 0; }
+    return 0;
+#endif
+}
 
 void gcd_exp_n(double *y, const double *x, size_t n) {
+#ifdef EXP_BATCH
+    if (gcd_exp_fast()) {
+        exp_fma4(y, x, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++) y[i] = exp(x[i]);
 }
-
-#endif

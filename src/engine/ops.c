@@ -127,6 +127,8 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
 // exp(z - m) of len values into v, in gcd_exp_n's batches: m (len) per value, or m0 for all
 #define EXP_CHUNK 256   // values a stack buffer holds where the exps are not kept
 
+static int chunk(int C, int c0) { return C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK; }   // the batch from c0 of C
+
 static const double *exps(double *v, const double *z, const double *m, double m0, int len) {
     for (int j = 0; j < len; j++) v[j] = z[j] - (m ? m[j] : m0);
     gcd_exp_n(v, v, (size_t)len);
@@ -140,7 +142,7 @@ void cross_entropy_forward(double *out, double *lse, double *e, const double *z,
         double mx = zr[0], s = 0, *er = e ? e + (size_t)n * C : NULL;
         for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
-            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            int len = chunk(C, c0);
             const double *v = exps(er ? er + c0 : buf, zr + c0, NULL, mx, len);
             for (int j = 0; j < len; j++) s += v[j];
         }
@@ -157,7 +159,7 @@ void cross_entropy_backward(double *dz, const double *dout, const double *lse, c
         const double *zr = z + (size_t)n * C, mx = lse[2 * n], s = lse[2 * n + 1];
         double *dr = dz + (size_t)n * C;
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
-            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            int len = chunk(C, c0);
             const double *v = e ? e + (size_t)n * C + c0 : exps(buf, zr + c0, NULL, mx, len);
             for (int j = 0; j < len; j++) dr[c0 + j] += k * (v[j] / s - (c0 + j == label[n]));
         }
@@ -171,7 +173,7 @@ void cross_entropy_cols_forward(double *out, double *lse, double *e, const doubl
         for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
     for (size_t n = 0; n < (size_t)N; n++)
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
-            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            int len = chunk(C, c0);
             const double *v = exps(e ? e + n * C + c0 : buf, z + n * C + c0, mx + c0, 0, len);
             for (int j = 0; j < len; j++) s[c0 + j] += v[j];
         }
@@ -185,7 +187,7 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *l
     const double *mx = lse, *s = lse + C;
     for (size_t n = 0; n < (size_t)N; n++)
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
-            int len = C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK;
+            int len = chunk(C, c0);
             const double *v = e ? e + n * C + c0 : exps(buf, z + n * C + c0, mx + c0, 0, len);
             for (int j = 0; j < len; j++) dz[n * C + c0 + j] += k * (v[j] / s[c0 + j] - (n == (size_t)label[c0 + j]));
         }
@@ -193,6 +195,8 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *l
 
 
 #define CE_KEEP ((size_t)1 << 20)   // cross_entropy keeps up to this many exps (8 MiB) for its backward
+
+static size_t ce_kept(const gcd_tensor *z) { return z->n <= CE_KEEP ? z->n : 0; }   // the exps cross_entropy() keeps, after lse
 
 static void op_backward(gcd_ctx *c, gcd_node *nd);
 
@@ -319,7 +323,7 @@ static gcd_tensor *cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label, in
         lab[i] = label[i];
     }
     gcd_tensor *out = scalar(c);
-    size_t keep = z->n <= CE_KEEP ? z->n : 0;   // the exps, after the max and sum
+    size_t keep = ce_kept(z);
     double *lse = gcd_arena_alloc_raw(c->arena, (2 * (size_t)nlab + keep) * sizeof(double));   // (nlab, 2) or (2, C), then (N, C)
     (cols ? cross_entropy_cols_forward : cross_entropy_forward)(out->data, lse, keep ? lse + 2 * nlab : NULL, z->data, lab, N, C);
     gcd_node *nd = record(c, GCD_OP_CROSS_ENTROPY, out, 1, &z);
@@ -421,7 +425,7 @@ static void op_backward(gcd_ctx *c, gcd_node *nd) {
     }
     case GCD_OP_CROSS_ENTROPY: {
         int N = in[0]->shape[0], C = in[0]->shape[1];
-        const double *e = in[0]->n <= CE_KEEP ? nd->saved + 2 * (size_t)(nd->mode ? C : N) : NULL;   // kept by cross_entropy()
+        const double *e = ce_kept(in[0]) ? nd->saved + 2 * (size_t)(nd->mode ? C : N) : NULL;   // kept by cross_entropy()
         (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, e, in[0]->data, nd->labels, N, C);
         break;
     }
