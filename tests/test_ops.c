@@ -361,6 +361,54 @@ static void cross_entropy_cols_should_equal_transposed_rows(int N, int C) {
     free(lse), free(lset), free(lsek), free(lsetk), free(p), free(label);
 }
 
+// The row forward's max and sums, row by row as one serial loop gives them, bit for bit: four rows at
+// a time (every tail length), a max as four chains, and the rows where those could differ: the max a
+// zero whose sign came first in another chain, NaN first or later, infinities (the last rows: up to
+// row 10 the loss is finite and its bits compared)
+static void cross_entropy_rows_should_match_serial(void) {
+    enum { N = 15, C = 11 };
+    gcd_rng r = gcd_rng_make(9, 1);
+    double z[N * C], e[N * C], lse[2 * N], lsek[2 * N], out, outk, want = 0;
+    int label[N], bad = 0;
+    for (int i = 0; i < N * C; i++) z[i] = 3 * gcd_rng_normal(&r);
+    for (int n = 0; n < N; n++) label[n] = (n * 7) % C;
+    double *zr = z + 9 * C;           // rows 9-14: the rows where four chains could differ from one
+    for (int c = 0; c < C; c++) zr[c] = -1;
+    zr[2] = -0.0, zr[5] = 0.0;        // row 9: max zero, -0 at 2 (the second chain) before +0 at 5 (the first)
+    zr = z + 10 * C;                  // row 10: +0 first, -0 in another chain
+    for (int c = 0; c < C; c++) zr[c] = -2;
+    zr[1] = 0.0, zr[6] = -0.0;
+    zr = z + 11 * C, zr[4] = INFINITY;
+    zr = z + 12 * C;
+    for (int c = 0; c < C; c++) zr[c] = -INFINITY;
+    zr = z + 13 * C, zr[3] = NAN;     // row 13: NaN later, passed over
+    zr = z + 14 * C, zr[0] = NAN;     // row 14: NaN first, the max stays NaN
+    for (int rows = 1; rows <= N; rows++) {   // every tail length of the groups of four
+        cross_entropy_forward(&out, lse, NULL, z, label, rows, C);
+        cross_entropy_forward(&outk, lsek, e, z, label, rows, C);
+        want = 0;
+        for (int n = 0; n < rows; n++) {
+            const double *zn = z + (size_t)n * C;
+            double mx = zn[0], s = 0;
+            for (int c = 1; c < C; c++) mx = zn[c] > mx ? zn[c] : mx;
+            for (int c = 0; c < C; c++) s += exp(zn[c] - mx);
+            want += mx + log(s) - zn[label[n]];
+            bad += memcmp(&lse[2 * n], &mx, sizeof mx) != 0 || memcmp(&lse[2 * n + 1], &s, sizeof s) != 0;
+            bad += memcmp(&lsek[2 * n], &mx, sizeof mx) != 0 || memcmp(&lsek[2 * n + 1], &s, sizeof s) != 0;
+            for (int c = 0; c < C; c++) {
+                double v = exp(zn[c] - mx);
+                bad += memcmp(&e[(size_t)n * C + c], &v, sizeof v) != 0;
+            }
+        }
+        want /= rows;
+        for (int k = 0; k < 2; k++) {   // a NaN loss: which NaN is the compiler's choice (a + b or b + a)
+            double got = k ? outk : out;
+            bad += isnan(want) ? !isnan(got) : memcmp(&got, &want, sizeof want) != 0;
+        }
+    }
+    CHECK(bad == 0, "cross_entropy rows: %d max, sum, exp or loss values differ from one serial loop's", bad);
+}
+
 // gcd_exp_n against exp(), bit for bit: every range the loss meets and every other (tiny, huge, 0,
 // subnormal results, infinities, NaN, any bit pattern), at every length modulo its four lanes
 static void exp_n_should_match_libm(void) {
@@ -499,6 +547,8 @@ int main(void) {
     cross_entropy_cols_should_equal_transposed_rows(6, 9);
     cross_entropy_cols_should_equal_transposed_rows(5, 600);   // 600: batches of 256, 256 and 88
     cross_entropy_cols_should_equal_transposed_rows(600, 5);
+    cross_entropy_cols_should_equal_transposed_rows(7, 11);   // 11 rows of the transpose: a group of three
+    cross_entropy_rows_should_match_serial();
     exp_n_should_match_libm();
     scaled_matmul_should_be_exact_at_any_scale();
     none_should_differ_from_zero();

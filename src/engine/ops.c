@@ -126,28 +126,53 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
 
 // exp(z - m) of len values into v, in gcd_exp_n's batches: m (len) per value, or m0 for all
 #define EXP_CHUNK 256   // values a stack buffer holds where the exps are not kept
+#define ROWS 4          // rows whose running sums interleave: four chains of additions in flight, each in its row's order
 
 static int chunk(int C, int c0) { return C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK; }   // the batch from c0 of C
 
 static const double *exps(double *v, const double *z, const double *m, double m0, int len) {
+#pragma omp simd
     for (int j = 0; j < len; j++) v[j] = z[j] - (m ? m[j] : m0);
     gcd_exp_n(v, v, (size_t)len);
     return v;
 }
 
+// max(z (C)) with the bits of the serial mx = z[c] > mx ? z[c] : mx from z[0]: four such chains from
+// z[0], then the same over their results. The value is the same; only a zero (which sign came first)
+// or z[0] NaN (the result stays NaN) can tell them apart, and those take the serial loop.
+static double row_max(const double *z, int C) {
+    double m[4] = { z[0], z[0], z[0], z[0] };
+    int c = 1;
+    for (; c + 4 <= C; c += 4)
+        for (int k = 0; k < 4; k++) m[k] = z[c + k] > m[k] ? z[c + k] : m[k];
+    for (; c < C; c++) m[0] = z[c] > m[0] ? z[c] : m[0];
+    double mx = m[0];
+    for (int k = 1; k < 4; k++) mx = m[k] > mx ? m[k] : mx;
+    if (mx == 0 || mx != mx) {
+        mx = z[0];
+        for (c = 1; c < C; c++) mx = z[c] > mx ? z[c] : mx;
+    }
+    return mx;
+}
+
 void cross_entropy_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
-    double loss = 0, buf[EXP_CHUNK];
-    for (int n = 0; n < N; n++) {
-        const double *zr = z + (size_t)n * C;
-        double mx = zr[0], s = 0, *er = e ? e + (size_t)n * C : NULL;
-        for (int c = 1; c < C; c++) mx = zr[c] > mx ? zr[c] : mx;
+    double loss = 0, buf[ROWS][EXP_CHUNK];
+    for (int n0 = 0; n0 < N; n0 += ROWS) {
+        int r1 = N - n0 < ROWS ? N - n0 : ROWS;   // rows in this group; the chains past r1 add its last row's exps again, unkept
+        const double *zr[ROWS];
+        double mx[ROWS], s[ROWS] = { 0 };
+        for (int r = 0; r < r1; r++) zr[r] = z + (size_t)(n0 + r) * C, mx[r] = row_max(zr[r], C);
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
             int len = chunk(C, c0);
-            const double *v = exps(er ? er + c0 : buf, zr + c0, NULL, mx, len);
-            for (int j = 0; j < len; j++) s += v[j];
+            const double *v[ROWS];
+            for (int r = 0; r < ROWS; r++) v[r] = r < r1 ? exps(e ? e + (size_t)(n0 + r) * C + c0 : buf[r], zr[r] + c0, NULL, mx[r], len) : v[r1 - 1];
+            for (int j = 0; j < len; j++)
+                for (int r = 0; r < ROWS; r++) s[r] += v[r][j];
         }
-        lse[2 * n] = mx, lse[2 * n + 1] = s;
-        loss += mx + log(s) - zr[label[n]];
+        for (int r = 0; r < r1; r++) {
+            lse[2 * (n0 + r)] = mx[r], lse[2 * (n0 + r) + 1] = s[r];
+            loss += mx[r] + log(s[r]) - zr[r][label[n0 + r]];
+        }
     }
     out[0] = loss / N;
 }
@@ -159,9 +184,10 @@ void cross_entropy_backward(double *dz, const double *dout, const double *lse, c
         const double *zr = z + (size_t)n * C, mx = lse[2 * n], s = lse[2 * n + 1];
         double *dr = dz + (size_t)n * C;
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
-            int len = chunk(C, c0);
+            int len = chunk(C, c0), at = label[n] - c0;
             const double *v = e ? e + (size_t)n * C + c0 : exps(buf, zr + c0, NULL, mx, len);
-            for (int j = 0; j < len; j++) dr[c0 + j] += k * (v[j] / s - (c0 + j == label[n]));
+#pragma omp simd
+            for (int j = 0; j < len; j++) dr[c0 + j] += k * (v[j] / s - (j == at));
         }
     }
 }
@@ -169,13 +195,18 @@ void cross_entropy_backward(double *dz, const double *dout, const double *lse, c
 void cross_entropy_cols_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C) {
     double *mx = lse, *s = lse + C, loss = 0, buf[EXP_CHUNK];
     for (int c = 0; c < C; c++) mx[c] = z[c], s[c] = 0;
-    for (int n = 1; n < N; n++)
-        for (int c = 0; c < C; c++) mx[c] = z[(size_t)n * C + c] > mx[c] ? z[(size_t)n * C + c] : mx[c];
+    for (size_t n = 1; n < (size_t)N; n++) {
+        const double *zr = z + n * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) mx[c] = zr[c] > mx[c] ? zr[c] : mx[c];
+    }
     for (size_t n = 0; n < (size_t)N; n++)
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
             int len = chunk(C, c0);
             const double *v = exps(e ? e + n * C + c0 : buf, z + n * C + c0, mx + c0, 0, len);
-            for (int j = 0; j < len; j++) s[c0 + j] += v[j];
+            double *sc = s + c0;
+#pragma omp simd
+            for (int j = 0; j < len; j++) sc[j] += v[j];
         }
     for (int c = 0; c < C; c++) loss += mx[c] + log(s[c]) - z[(size_t)label[c] * C + c];
     out[0] = loss / C;
@@ -189,7 +220,11 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *l
         for (int c0 = 0; c0 < C; c0 += EXP_CHUNK) {
             int len = chunk(C, c0);
             const double *v = e ? e + n * C + c0 : exps(buf, z + n * C + c0, mx + c0, 0, len);
-            for (int j = 0; j < len; j++) dz[n * C + c0 + j] += k * (v[j] / s[c0 + j] - (n == (size_t)label[c0 + j]));
+            const double *sc = s + c0;
+            const int *lc = label + c0;
+            double *dr = dz + n * C + c0;
+#pragma omp simd
+            for (int j = 0; j < len; j++) dr[j] += k * (v[j] / sc[j] - (n == (size_t)lc[j]));
         }
 }
 
