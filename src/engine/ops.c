@@ -131,8 +131,12 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
 static int chunk(int C, int c0) { return C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK; }   // the batch from c0 of C
 
 static const double *exps(double *v, const double *z, const double *m, double m0, int len) {
+    if (m)   // two loops: a vectorised m ? m[j] : m0 may read m[j] whatever m is
 #pragma omp simd
-    for (int j = 0; j < len; j++) v[j] = z[j] - (m ? m[j] : m0);
+        for (int j = 0; j < len; j++) v[j] = z[j] - m[j];
+    else
+#pragma omp simd
+        for (int j = 0; j < len; j++) v[j] = z[j] - m0;
     gcd_exp_n(v, v, (size_t)len);
     return v;
 }
