@@ -131,31 +131,34 @@ void normalize_backward(double *dx, const double *dout, const double *out, const
 static int chunk(int C, int c0) { return C - c0 < EXP_CHUNK ? C - c0 : EXP_CHUNK; }   // the batch from c0 of C
 
 static const double *exps(double *v, const double *z, const double *m, double m0, int len) {
-    if (m)   // two loops: a vectorised m ? m[j] : m0 may read m[j] whatever m is
+    if (m) {   // two loops: a vectorised m ? m[j] : m0 may read m[j] whatever m is
 #pragma omp simd
         for (int j = 0; j < len; j++) v[j] = z[j] - m[j];
-    else
+    } else {
 #pragma omp simd
         for (int j = 0; j < len; j++) v[j] = z[j] - m0;
+    }
     gcd_exp_n(v, v, (size_t)len);
     return v;
 }
 
-// max(z (C)) with the bits of the serial mx = z[c] > mx ? z[c] : mx from z[0]: four such chains from
-// z[0], then the same over their results. The value is the same; only a zero (which sign came first)
-// or z[0] NaN (the result stays NaN) can tell them apart, and those take the serial loop.
+// max(z (C)) with the bits of the serial mx = z[c] > mx ? z[c] : mx from z[0]: CHAINS such chains from
+// z[0], then the same over their results. A value replaces a max only when greater, so the value is
+// the serial one and so are its bits, but for a zero max (which sign came first): that takes the
+// serial loop. z[0] NaN stays in every chain, as in the serial loop.
+#define CHAINS 4
+
 static double row_max(const double *z, int C) {
-    double m[4] = { z[0], z[0], z[0], z[0] };
+    double m[CHAINS];
+    for (int k = 0; k < CHAINS; k++) m[k] = z[0];
     int c = 1;
-    for (; c + 4 <= C; c += 4)
-        for (int k = 0; k < 4; k++) m[k] = z[c + k] > m[k] ? z[c + k] : m[k];
+    for (; c + CHAINS <= C; c += CHAINS)
+        for (int k = 0; k < CHAINS; k++) m[k] = z[c + k] > m[k] ? z[c + k] : m[k];
     for (; c < C; c++) m[0] = z[c] > m[0] ? z[c] : m[0];
     double mx = m[0];
-    for (int k = 1; k < 4; k++) mx = m[k] > mx ? m[k] : mx;
-    if (mx == 0 || mx != mx) {
-        mx = z[0];
-        for (c = 1; c < C; c++) mx = z[c] > mx ? z[c] : mx;
-    }
+    for (int k = 1; k < CHAINS; k++) mx = m[k] > mx ? m[k] : mx;
+    if (mx == 0)
+        for (mx = z[0], c = 1; c < C; c++) mx = z[c] > mx ? z[c] : mx;
     return mx;
 }
 
