@@ -245,11 +245,15 @@ static const char *host_of(int k) {
     return hosts + (size_t)k * host_stride;
 }
 
+static const char *my_host(int *rank, int *world) {
+    mpiCheck(MPI_Comm_rank(world_comm, rank));
+    mpiCheck(MPI_Comm_size(world_comm, world));
+    return host_of(*rank);
+}
+
 void gcd_mpi_local(int *local_rank, int *local_size) {
     int rank, world;
-    mpiCheck(MPI_Comm_rank(world_comm, &rank));
-    mpiCheck(MPI_Comm_size(world_comm, &world));
-    const char *me = host_of(rank);
+    const char *me = my_host(&rank, &world);
     *local_rank = *local_size = 0;
     for (int k = 0; k < world; k++)
         if (!strcmp(host_of(k), me)) *local_rank += k < rank, ++*local_size;
@@ -257,9 +261,7 @@ void gcd_mpi_local(int *local_rank, int *local_size) {
 
 void gcd_mpi_node_allgather(const void *mine, void *all, int len) {
     int rank, world;
-    mpiCheck(MPI_Comm_rank(world_comm, &rank));
-    mpiCheck(MPI_Comm_size(world_comm, &world));
-    const char *me = host_of(rank);
+    const char *me = my_host(&rank, &world);
     char *every = gcd_malloc((size_t)world * (size_t)len);
     all_gather(mine, every, len, MPI_BYTE);
     int j = 0;
