@@ -313,6 +313,19 @@ static void blas_should_propagate_nan(void) {
     CHECK(isnan(out[0]) && isnan(out[1]) && !isnan(out[2]), "linear: NaN in x row 0 must reach out row 0 only: %g %g %g", out[0], out[1], out[2]);
 }
 
+// one row's max and sum of exp(z - max) as one serial loop gives them, from libm's exp(); p (C): the exps
+static double serial_row(const double *z, int C, double *p, double *sum) {
+    double mx = z[0], s = 0;
+    for (int c = 1; c < C; c++) mx = z[c] > mx ? z[c] : mx;
+    for (int c = 0; c < C; c++) {
+        double v = exp(z[c] - mx);
+        if (p) p[c] = v;
+        s += v;
+    }
+    *sum = s;
+    return mx;
+}
+
 // column-wise cross-entropy equals the row-wise one of the transpose, bit for bit (the contrastive
 // probe's text side, and with it the reports, unchanged); and the gradient recomputed from the saved
 // max and sum has the bits of the stored softmax's (exp(z - max) / sum with libm's exp, then
@@ -349,10 +362,8 @@ static void cross_entropy_cols_should_equal_transposed_rows(int N, int C) {
         for (int c = 0; c < C; c++) differ += dz[(size_t)n * C + c] != dzt[(size_t)c * N + n];
     CHECK(differ == 0, "cross_entropy_cols (%d x %d): %d max, sum or gradient values differ from the transpose's", N, C, differ);
     for (int c = 0; c < C; c++) {   // the softmax as the forward computed it once, stored
-        const double *zr = zt + (size_t)c * N;
-        double mx = zr[0], s = 0;
-        for (int n = 1; n < N; n++) mx = zr[n] > mx ? zr[n] : mx;
-        for (int n = 0; n < N; n++) s += p[n] = exp(zr[n] - mx);
+        double s;
+        serial_row(zt + (size_t)c * N, N, p, &s);
         unlike += lset[2 * c + 1] != s;
         for (int n = 0; n < N; n++) unlike += dzt[(size_t)c * N + n] != (dout / C) * (p[n] / s - (n == label[c]));
     }
@@ -394,9 +405,7 @@ static void cross_entropy_rows_should_match_serial(int C) {
         double want = 0;
         for (int n = 0; n < rows; n++) {
             const double *zn = z + (size_t)n * C;
-            double mx = zn[0], s = 0;
-            for (int c = 1; c < C; c++) mx = zn[c] > mx ? zn[c] : mx;
-            for (int c = 0; c < C; c++) s += exp(zn[c] - mx);
+            double s, mx = serial_row(zn, C, NULL, &s);
             want += mx + log(s) - zn[label[n]];
             double got[4] = { lse[2 * n], lsek[2 * n], lse[2 * n + 1], lsek[2 * n + 1] }, ref[4] = { mx, mx, s, s };
             for (int k = 0; k < 4; k++)

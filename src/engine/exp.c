@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "util.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && __has_include(<sys/platform/x86.h>)
 #include <sys/platform/x86.h>   // glibc 2.33 has the header, 2.34 its CPU_FEATURE_ACTIVE
 #endif
@@ -136,11 +138,9 @@ static void choose(void) {
     if (!CPU_FEATURE_ACTIVE(AVX2) || !CPU_FEATURE_ACTIVE(FMA)) return;   // glibc's own test, tunables applied
     enum { T = sizeof telling / sizeof *telling, K = 512 };
     double x[K], got[K];
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (int i = 0; i < K; i++) {   // every table entry and every range the cross-entropy meets, and beyond it
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = i < T ? telling[i] : ((double)(s >> 11) * 0x1p-53 - 0.75) * (i < K / 2 ? 64.0 : 1500.0);
-    }
+    gcd_rng r = gcd_rng_make(1, 0);
+    for (int i = 0; i < K; i++)   // every table entry and every range the cross-entropy meets, and beyond it
+        x[i] = i < T ? telling[i] : (gcd_rng_uniform(&r) - 0.75) * (i < K / 2 ? 64.0 : 1500.0);
     exp_fma4(got, x, K);
     for (int i = 0; i < K; i++) {
         double want = exp(x[i]);
