@@ -210,6 +210,18 @@ def hsdp_replicas_that_differ_disagree():
 
 
 @case
+def ranks_ten_times_the_tolerance_apart_disagree():
+    # F32 ranks 1e-4 apart after the all-reduce (10 x the claimed 1e-5): disagree; a 100x looser tolerance
+    # (tests/mutation: scan-disagree-100x-tol) would call them the same
+    d = fresh("disagree_10x")
+    g = rnd(32, 16)
+    ranks = [{"w": g}, {"w": (g * (1 + 1e-4 * R.standard_normal(g.shape))).astype(np.float32)}]
+    refp = world_of(d, ranks, {"w": g})
+    text, rep = expect([d, "--ref", refp], 1, "different gradients on different ranks", report=True)
+    need(status(rep)["w"] == "disagree", f"statuses {status(rep)}")
+
+
+@case
 def hostile_shard_map_is_refused_at_once():
     # issue 32: a global shape [2^31-1, 2^31-1] in a 600-byte file, one rank without its run: ran forever
     d = fresh("hostile_map")
