@@ -237,6 +237,17 @@ def hostile_shard_map_is_refused_at_once():
     need(time.monotonic() - t0 < 5, f"took {time.monotonic() - t0:.1f} s")
 
 
+@case
+def check_timeout_stops_a_long_scan_with_exit_3():
+    # check --timeout S, like run's: a scan past it stops, exit 3, named; without it the same check passes
+    d = fresh("timeout")
+    g = rnd(1024, 1024)
+    refp = world_of(d, [{"w": g}] * 2, {"w": g})
+    expect([d, "--ref", refp, "--timeout", "0.000001"], 3, "--timeout", "'w'")
+    expect([d, "--ref", refp, "--timeout", "600"], 0)
+    expect([d, "--ref", refp, "--timeout", "0"], 2, "--timeout")
+
+
 def bf16_like(d, scale, precision="bf16", bias=1.0):
     """F32 dumps of a step computed in bf16: per-element errors of ~2e-3 against the reference"""
     ref = {"l1.weight": rnd(64, 32, scale=1e-2), "l1.bias": rnd(64, scale=1e-2), "l2.weight": rnd(8, 64, scale=3e-2)}
