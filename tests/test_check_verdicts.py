@@ -238,6 +238,15 @@ def hostile_shard_map_is_refused_at_once():
 
 
 @case
+def recorded_lists_that_are_not_lists_are_exit_2_named():
+    x = {"w": rnd(4)}
+    for key, bad in [("gradcheck.ran", "{"), ("gradcheck.nondeterministic", "[1, 2]"), ("gradcheck.batchnorm", '"bn"')]:
+        d = fresh("badlist_" + key.split(".")[1])
+        refp = world_of(d, [x, x], x, meta_extra={key: bad})
+        expect([d, "--ref", refp], 2, key, "r0.safetensors")
+
+
+@case
 def check_timeout_stops_a_long_scan_with_exit_3():
     # check --timeout S, like run's: a scan past it stops, exit 3, named; without it the same check passes
     d = fresh("timeout")
