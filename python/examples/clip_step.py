@@ -53,7 +53,7 @@ class Clip(torch.nn.Module):
 
     def forward(self, x_img, x_txt, gather):
         I, T = F.normalize(self.img(x_img), dim=-1), F.normalize(self.txt(x_txt), dim=-1)
-        I, T = gather(I), gather(T)
+        I, T = gather(I.float()), gather(T.float())   # float: gloo on torch 1.13 cannot all-gather bf16 (autocast)
         logits, labels = self.logit_scale.exp() * I @ T.T, torch.arange(len(I))
         return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
