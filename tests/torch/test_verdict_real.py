@@ -709,3 +709,65 @@ def test_pipeline_recipe_should_run_as_written(tmp_path):
         assert p.returncode == (int(want.group(1)) if want else 0), (line, p.returncode, (p.stdout + p.stderr)[-3000:])
         if "bug/stage0" in line:
             assert "different gradients on different ranks" in p.stdout or "disagree" in p.stdout, p.stdout[-3000:]
+
+
+# ---- the tracker itself (in process, no ranks)
+
+
+class TwoBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+        self.drop, self.bn = torch.nn.Dropout(0.2), torch.nn.BatchNorm1d(3)
+
+    def forward(self, x, branch):
+        if branch == "a":
+            return self.a(self.drop(x)).sum()
+        return self.b(self.bn(x)).sum()
+
+
+def test_track_should_record_one_step_from_the_last_dump(tmp_path):
+    from gradcheck_dist import LocalGradCapture, dump_grads, track
+
+    torch.manual_seed(0)
+    m = TwoBranch()
+    track(m)
+    cap = LocalGradCapture(m)
+    m(torch.randn(4, 3), "a").backward()
+    cap.dump(tmp_path / "l0.safetensors")
+    dump_grads(m, tmp_path / "r0.safetensors")      # a second dump of the same step reads the same record
+    for f in ("l0", "r0"):
+        _, meta = read_dump(tmp_path / f"{f}.safetensors")
+        assert json.loads(meta["gradcheck.ran"]) == ["a.weight", "a.bias"], meta
+        assert json.loads(meta["gradcheck.nondeterministic"]) == ["drop (Dropout p=0.2)"], meta
+        assert json.loads(meta["gradcheck.batchnorm"]) == [], meta
+    m.zero_grad()
+    m(torch.randn(4, 3), "b").backward()            # the next forward after a dump starts a new record
+    dump_grads(m, tmp_path / "r1.safetensors")
+    _, meta = read_dump(tmp_path / "r1.safetensors")
+    assert json.loads(meta["gradcheck.ran"]) == ["b.weight", "b.bias", "bn.weight", "bn.bias"], meta
+    assert json.loads(meta["gradcheck.nondeterministic"]) == [] and json.loads(meta["gradcheck.batchnorm"]) == ["bn"], meta
+    m.eval()
+    m(torch.randn(4, 3), "a").sum()                 # eval mode: dropout off, BatchNorm on running statistics
+    m(torch.randn(4, 3), "b").sum()
+    dump_grads(m, tmp_path / "r2.safetensors")
+    _, meta = read_dump(tmp_path / "r2.safetensors")
+    assert json.loads(meta["gradcheck.nondeterministic"]) == [] and json.loads(meta["gradcheck.batchnorm"]) == [], meta
+
+
+def test_track_should_hook_only_its_own_model(tmp_path):
+    from gradcheck_dist import dump_grads, track, track_precision
+
+    assert track_precision is track
+    tracked, other = TwoBranch(), TwoBranch()
+    track(tracked)
+    for m in (tracked, other):
+        m(torch.randn(4, 3), "a").backward()
+    dump_grads(other, tmp_path / "o.safetensors")
+    _, meta = read_dump(tmp_path / "o.safetensors")
+    assert "gradcheck.ran" not in meta, meta                 # absent: unknown, never "nothing ran"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tracked(torch.randn(4, 3), "a")
+    dump_grads(tracked, tmp_path / "t.safetensors")
+    _, meta = read_dump(tmp_path / "t.safetensors")
+    assert meta["gradcheck.precision"] == "bf16" and json.loads(meta["gradcheck.ran"]) == ["a.weight", "a.bias"], meta
