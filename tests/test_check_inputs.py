@@ -371,13 +371,14 @@ def default_tolerance_per_dtype():
                          ("BF16", w.bf16(x), 1e-2)]:
         d = fresh("tol_" + dt)
         w.write_world(d, [{"w": raw}] * 2)
-        text, rep = expect([d], 0, "tolerance %g (from the dtypes)" % tol, report=True)
+        text, rep = expect([d], 0, "the loosest %g (from the dtypes)" % tol, report=True)
         need(rep["tolerance"] == tol, f"{dt}: tolerance {rep['tolerance']}, expected {tol}")
         need(params(rep)["w"]["dtype"] == dt, f"{dt}: dtype {params(rep)['w']['dtype']}")
-    d = fresh("tol_mixed")   # the loosest present
+        need(params(rep)["w"]["tol"] == tol and params(rep)["w"]["tol_source"] == "claimed", f"{dt}: {params(rep)['w']}")
+    d = fresh("tol_mixed")   # per tensor: the F16 one's 1e-2 never loosens the F64 one
     w.write_world(d, [{"w": x, "v": x.astype(np.float16)}] * 2)
-    text, rep = expect([d], 0, "tolerance 0.01", report=True)
-    need(rep["tolerance"] == 1e-2, f"mixed: tolerance {rep['tolerance']}")
+    text, rep = expect([d], 0, "the loosest 0.01", report=True)
+    need(params(rep)["w"]["tol"] == 1e-9 and params(rep)["v"]["tol"] == 1e-2, f"mixed: {params(rep)}")
 
 
 @case

@@ -50,7 +50,70 @@ static const row rows[] = {
     { "no reference: zero", { 0, 0, 0, 0, 0, 0 }, 0, 4, 4, { 0 }, 1, 0, GCD_ST_ZERO, NAN, -1 },
     { "ranks disagree", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 1e-3, GCD_ST_DISAGREE, NAN, -1 },
     { "ranks agree within tol", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 1e-12, GCD_ST_OK, NAN, -1 },
+    // just past the tolerance: a 100x looser "ranks disagree" would miss it
+    { "ranks disagree by 10 x tol", { 1, 2, 3, 4, 5, 6 }, 0, 4, 4, { 1, 2, 3, 4, 5, 6 }, 0, 1e-8, GCD_ST_DISAGREE, NAN, -1 },
 };
+
+// ----------------------------------------------------------------------------
+// measured noise: the reference r, a second reference b (the same step in another order), per tensor
+
+enum { M = 256 };
+
+typedef struct {
+    const char *name;
+    double truth, noise;   // the true gradient's scale (0: about zero) and the rounding noise's, per element
+    double c, off;         // g = c * truth + off * noise-like term (the ranks' own rounding noise has scale noise)
+    int zero;              // g is exactly zero
+    double tol;            // the claimed tolerance
+    int second;            // with the second reference
+    gcd_status want;
+} noisy;
+
+static const noisy noisy_rows[] = {
+    // a bias before normalize or BatchNorm: the true gradient is about zero, both references and the ranks hold
+    // independent rounding noise: ok by the measured noise, a relative error of ~1 notwithstanding
+    { "true zero, noise only: ok by the measured noise", 0, 1e-7, 1, 0, 0, 1e-5, 1, GCD_ST_OK },
+    // the same with one reference: nothing says it is noise (undecided comes from the verdict, over the model)
+    { "true zero, noise only, one reference: mismatch", 0, 1e-7, 1, 0, 0, 1e-5, 0, GCD_ST_MISMATCH },
+    // a small real head under bf16: zeroed, negated or halved is signal at any size and any precision
+    { "small head zeroed under bf16", 1e-5, 1e-8, 0, 0, 1, 1e-2, 1, GCD_ST_ZERO },
+    { "small head zeroed under bf16, one reference", 1e-5, 1e-8, 0, 0, 1, 1e-2, 0, GCD_ST_ZERO },
+    { "small head negated under bf16", 1e-5, 1e-8, -1, 0, 0, 1e-2, 1, GCD_ST_MISMATCH },
+    { "small head negated under bf16, one reference", 1e-5, 1e-8, -1, 0, 0, 1e-2, 0, GCD_ST_MISMATCH },
+    { "small head halved", 1e-5, 1e-8, 0.5, 0, 0, 1e-5, 1, GCD_ST_SCALED },
+    // a real gradient at a few times its noise, halved: within 10 x the noise, yet the difference follows
+    // the reference: signal, not noise
+    { "halved at 6 x its noise: correlated, not noise", 6e-7, 1e-7, 0.5, 0, 0, 1e-5, 1, GCD_ST_SCALED },
+    // an error 30 x the measured noise, uncorrelated: beyond k = 10 (a 100x looser k would call it ok)
+    { "an error 30 x the noise is a mismatch", 1e-3, 1e-7, 1, 30, 0, 1e-5, 1, GCD_ST_MISMATCH },
+    { "an error 3 x the noise is ok", 1e-3, 1e-7, 1, 3, 0, 1e-5, 1, GCD_ST_OK },
+    // the reference is itself noise: an exact zero there is no evidence of anything
+    { "zero where the reference is only noise", 0, 1e-7, 0, 0, 1, 1e-5, 1, GCD_ST_OK },
+};
+
+static void noisy_should_be_judged_per_tensor(void) {
+    for (size_t i = 0; i < sizeof noisy_rows / sizeof *noisy_rows; i++) {
+        const noisy *c = &noisy_rows[i];
+        gcd_rng rng = gcd_rng_make(42, i);
+        double t[M], r[M], b[M], g[M];
+        for (int j = 0; j < M; j++) {
+            t[j] = c->truth * (1 + gcd_rng_normal(&rng));
+            r[j] = t[j] + c->noise * gcd_rng_normal(&rng);
+            b[j] = t[j] + c->noise * gcd_rng_normal(&rng);
+            g[j] = c->zero ? 0 : c->c * t[j] + c->noise * gcd_rng_normal(&rng) + c->off * c->noise * gcd_rng_normal(&rng);
+        }
+        gcd_param_result p = { .name = c->name, .n = M, .nhave = 4, .tol = c->tol };
+        gcd_sums s;
+        gcd_sums_init(&s, 1, c->second);
+        gcd_sums_add(&s, g, r, c->second ? b : NULL, M, 0);
+        if (gcd_sums_need_resid(&s, c->tol)) gcd_sums_resid(&s, g, r, M);
+        gcd_classify_sums(&p, &s, 4, c->tol);
+        CHECK(p.status == c->want, "%s: %s, expected %s (rel err %.3g, noise %.3g, allowed %.3g, corr %.3g, scale %.3g)", c->name,
+              gcd_status_str(p.status), gcd_status_str(c->want), p.rel_err, p.noise, p.allowed, p.corr, p.scale);
+        if (c->second && c->want == GCD_ST_OK && c->truth == 0 && !c->zero)
+            CHECK(p.tol_source == GCD_TOL_MEASURED, "%s: the tolerance must say it was measured", c->name);
+    }
+}
 
 // the streamed classifier, one chunk of `chunk` values at a time
 static void classify(const row *c, gcd_param_result *p, size_t chunk) {
@@ -60,8 +123,8 @@ static void classify(const row *c, gcd_param_result *p, size_t chunk) {
     p->nhave = c->nhave;
     p->diff_rel = c->diff_rel;
     gcd_sums s;
-    gcd_sums_init(&s, !c->no_ref);
-    for (size_t at = 0; !c->none && at < N; at += chunk) gcd_sums_add(&s, c->g + at, c->no_ref ? NULL : c->r + at, chunk, at);
+    gcd_sums_init(&s, !c->no_ref, 0);
+    for (size_t at = 0; !c->none && at < N; at += chunk) gcd_sums_add(&s, c->g + at, c->no_ref ? NULL : c->r + at, NULL, chunk, at);
     if (c->none)
         for (int i = 0; i < N; i++) s.rr += c->r[i] * c->r[i];
     if (gcd_sums_need_resid(&s, GCD_TOL))
@@ -133,6 +196,58 @@ static void words_should_group_and_count(void) {
     free(fwd.finding);
 }
 
+// the verdict over the model: a scale's words, the undecided tensors of one reference
+static void scale_words_should_say_only_what_holds(void) {
+    static const struct { double c; int world; const char *want, *not; } cases[] = {
+        { 0.25, 4, "x0.25 (= 1/world)", NULL },
+        { 0.5, 4, "x0.5", "1/world" },   // a downscale that is not 1/world is not called so
+        { 0.75, 4, "x0.75", "1/world" },
+        { 65536, 2, "x65536: a power of two", "accumulation" },
+        { 2, 4, "x2: an integer factor, as a loss not divided by the gradient accumulation steps", "1/world" },
+        { 4, 4, "x4 (= world)", NULL },
+    };
+    static double r[8] = { 1, -2, 3, 4, -5, 6, 7, 8 }, g[8];
+    static unsigned char has[4] = { 1, 1, 1, 1 };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int j = 0; j < 8; j++) g[j] = cases[i].c * r[j];
+        gcd_param_result p = { .name = "enc.weight", .n = 8, .has = has, .nhave = cases[i].world, .reduced = g, .reference = r };
+        gcd_run_result res = { .probe = "check", .world = cases[i].world, .nparam = 1, .param = &p, .tol = 1e-5 };
+        gcd_verdict(&res);
+        const char *m = finding(&res, "scaled");
+        CHECK(m && strstr(m, cases[i].want) && (!cases[i].not || !strstr(m, cases[i].not)), "x%g at world %d: %s", cases[i].c, cases[i].world,
+              m ? m : "(no scaled finding)");
+        for (int k = 0; k < res.nfinding; k++) free(res.finding[k].params), free(res.finding[k].message);
+        free(res.finding);
+    }
+}
+
+// one reference: a tensor at rounding noise's size, uncorrelated with its reference, beside real gradients,
+// is undecided (a finding: a pass must be a proof); zeroed or negated, it is a zero or a mismatch
+static void one_reference_should_leave_noise_undecided(void) {
+    enum { P = 64 };
+    static double big[P], bigr[P], tiny[P], tinyr[P];
+    static unsigned char has[2] = { 1, 1 };
+    gcd_rng rng = gcd_rng_make(7, 0);
+    for (int j = 0; j < P; j++) big[j] = bigr[j] = gcd_rng_normal(&rng), tinyr[j] = 1e-9 * gcd_rng_normal(&rng), tiny[j] = 1e-9 * gcd_rng_normal(&rng);
+    static const struct { double c; gcd_status want; const char *kind; } cases[] = {
+        { 1, GCD_ST_UNDECIDED, "undecided" }, { 0, GCD_ST_ZERO, "zero" }, { -1, GCD_ST_MISMATCH, "mismatch" } };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double g[P];
+        for (int j = 0; j < P; j++) g[j] = cases[i].c == 1 ? tiny[j] : cases[i].c * tinyr[j];
+        gcd_param_result p[2] = { { .name = "w", .n = P, .has = has, .nhave = 2, .reduced = big, .reference = bigr },
+                                  { .name = "proj.bias", .n = P, .has = has, .nhave = 2, .reduced = g, .reference = tinyr } };
+        gcd_run_result res = { .probe = "check", .world = 2, .nparam = 2, .param = p, .tol = 1e-5, .nref = 1 };
+        gcd_verdict(&res);
+        const char *m = finding(&res, cases[i].kind);
+        CHECK(p[1].status == cases[i].want && m, "proj.bias x%g: %s, expected %s, finding %s", cases[i].c, gcd_status_str(p[1].status),
+              gcd_status_str(cases[i].want), m ? m : "(none)");
+        if (cases[i].want == GCD_ST_UNDECIDED) CHECK(m && strstr(m, "second reference"), "undecided must name the fix: %s", m ? m : "(none)");
+        CHECK(gcd_run_has_finding(&res), "proj.bias x%g: exit 0 is no proof", cases[i].c);
+        for (int k = 0; k < res.nfinding; k++) free(res.finding[k].params), free(res.finding[k].message);
+        free(res.finding);
+    }
+}
+
 // a partial finding at world 64 names every rank without a gradient
 static void partial_should_name_every_rank(void) {
     static unsigned char has[64];
@@ -151,10 +266,10 @@ static void partial_should_name_every_rank(void) {
 static void empty_tensor_should_be_fine(void) {
     gcd_param_result p = { .name = "empty", .n = 0, .nhave = 4 };
     gcd_sums s;
-    gcd_sums_init(&s, 1);
+    gcd_sums_init(&s, 1, 0);
     gcd_classify_sums(&p, &s, 4, GCD_TOL);
     CHECK(p.status == GCD_ST_OK, "an empty tensor with a reference: %s, expected ok", gcd_status_str(p.status));
-    gcd_sums_init(&s, 0);
+    gcd_sums_init(&s, 0, 0);
     gcd_classify_sums(&p, &s, 4, GCD_TOL);
     CHECK(p.status == GCD_ST_PRESENT, "an empty tensor without a reference: %s, expected present", gcd_status_str(p.status));
 }
@@ -189,6 +304,9 @@ int main(void) {
     signature_should_want_exactly_one_over_world();
     empty_tensor_should_be_fine();
     every_status_should_come_from_the_numbers();
+    noisy_should_be_judged_per_tensor();
+    scale_words_should_say_only_what_holds();
+    one_reference_should_leave_noise_undecided();
     words_should_group_and_count();
     partial_should_name_every_rank();
     printf("test_verdict: %s, %d failure(s)\n", check_failures ? "FAILED" : "passed", check_failures);

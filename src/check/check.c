@@ -45,10 +45,18 @@ static int ends_with(const char *s, const char *tail) {
 
 static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-// every dump path, directories expanded (sorted), the reference left out
+// one of the references (--ref), by device and inode
+static int is_ref(const struct stat *ref_st, const int *have_ref, const struct stat *fs) {
+    for (int r = 0; r < 2; r++)
+        if (have_ref[r] && fs->st_dev == ref_st[r].st_dev && fs->st_ino == ref_st[r].st_ino) return 1;
+    return 0;
+}
+
+// every dump path, directories expanded (sorted), the references left out
 static int expand(const gcd_check_opts *o, char ***out, int *n, char *err, size_t len) {
-    struct stat ref_st;
-    int have_ref = o->ref && stat(o->ref, &ref_st) == 0;
+    struct stat ref_st[2];
+    int have_ref[2];
+    for (int r = 0; r < 2; r++) have_ref[r] = r < o->nref && stat(o->ref[r], &ref_st[r]) == 0;
     int cap = 16;
     char **paths = gcd_malloc((size_t)cap * sizeof *paths);
     *n = 0;
@@ -65,7 +73,7 @@ static int expand(const gcd_check_opts *o, char ***out, int *n, char *err, size_
                 char *p = gcd_malloc(strlen(o->dumps[i]) + strlen(e->d_name) + 2);
                 sprintf(p, "%s/%s", o->dumps[i], e->d_name);
                 struct stat fs;
-                if (have_ref && stat(p, &fs) == 0 && fs.st_dev == ref_st.st_dev && fs.st_ino == ref_st.st_ino) { free(p); continue; }
+                if (stat(p, &fs) == 0 && is_ref(ref_st, have_ref, &fs)) { free(p); continue; }
                 if (*n == cap) {
                     paths = realloc(paths, (size_t)(cap *= 2) * sizeof *paths);
                     mallocCheck(paths);
@@ -270,10 +278,14 @@ static int same_shape(const gcd_st_tensor *a, const gcd_st_tensor *b) {
     return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]);
 }
 
-// rank k's dump, or with k == world the reference (NULL without --ref)
+// rank k's dump, with k == world the reference and with k == world + 1 the second one (NULL where not given)
 static const gcd_st_file *file_of(const gcd_check_set *set, int k) {
-    return k < set->world ? &set->rank[k] : set->has_ref ? &set->ref : NULL;
+    if (k < set->world) return &set->rank[k];
+    return k == set->world ? (set->has_ref ? &set->ref : NULL) : (set->has_ref2 ? &set->ref2 : NULL);
 }
+
+enum { NREF = 2 };   // the file slots after the ranks': the reference and the second reference
+static int nfiles(const gcd_check_set *set) { return set->world + NREF; }
 
 // the file's own consistency: metadata, and every tensor a listed, readable parameter
 static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **params, int np, char *err, size_t len) {
@@ -305,19 +317,97 @@ static int open_failed(const gcd_st_file *f, char *err, size_t len) {
     return 3;
 }
 
-// the reference first: a wrong --ref is named as such, also when it lies among the dumps
-static int load_ref(const gcd_check_opts *o, gcd_check_set *set, char ***params, int *np, char *err, size_t len) {
+// the references first: a wrong --ref is named as such, also when it lies among the dumps
+static int load_ref(const gcd_check_opts *o, const char *path, gcd_st_file *ref, char ***params, int *np, char *err, size_t len) {
     long world, r0;
     int rc;
-    set->has_ref = 1;
-    if (gcd_st_open(&set->ref, o->ref, err, len)) return open_failed(&set->ref, err, len);
-    if ((rc = rename_file(&set->ref, err, len))) return rc;
-    if ((rc = meta_int(&set->ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) ||
-        (rc = meta_int(&set->ref, "gradcheck.rank", 0, 0, &r0, err, len)))
+    if (gcd_st_open(ref, path, err, len)) return open_failed(ref, err, len);
+    if ((rc = rename_file(ref, err, len))) return rc;
+    if ((rc = meta_int(ref, "gradcheck.world", 1, 1 << 16, &world, err, len)) || (rc = meta_int(ref, "gradcheck.rank", 0, 0, &r0, err, len)))
         return rc;
-    if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", o->ref, world);
-    if ((rc = meta_params(&set->ref, params, np, err, len))) return rc;
-    return check_file(o, &set->ref, *params, *np, err, len);
+    if (world != 1) return fail(err, len, "%s: the reference must be one process (gradcheck.world 1), not %ld", path, world);
+    if ((rc = meta_params(ref, params, np, err, len))) return rc;
+    return check_file(o, ref, *params, *np, err, len);
+}
+
+// The precision the step computed in, as every file records it (gradcheck.precision): one claim for all,
+// or none at all. A file that claims another, or claims where the others do not, would loosen or tighten
+// the verdict on every tensor of every file: refused, naming both files.
+static int agreed_precision(gcd_check_set *set, double *tol, char *err, size_t len) {
+    const gcd_st_file *first = NULL, *bare = NULL;
+    const char *canon = NULL;
+    int W = set->world;
+    for (int i = 0; i < nfiles(set) + (set->local ? W : 0); i++) {
+        const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+        if (!f) continue;
+        const char *v = gcd_st_meta(f, "gradcheck.precision");
+        double t;
+        const char *c = v ? precision_name(v, &t) : NULL;
+        if (v && !c) return fail(err, len, "%s: metadata gradcheck.precision is '%.20s', expected fp64, fp32, tf32, bf16 or fp16", f->path, v);
+        if (!v) { bare = bare ? bare : f; continue; }
+        if (!first) { first = f, canon = c, *tol = t; continue; }
+        if (strcmp(c, canon))
+            return fail(err, len, "%s records gradcheck.precision=%s, but %s records %s: the files of one check must agree on the precision the "
+                                  "step computed in (dump every rank and the references alike, or give --tol)", f->path, c, first->path, canon);
+    }
+    if (first && bare)
+        return fail(err, len, "%s records gradcheck.precision=%s, but %s records none: the files of one check must agree on the precision the "
+                              "step computed in (dump every rank and the references alike, or give --tol)", first->path, canon, bare->path);
+    set->precision = canon;
+    return 0;
+}
+
+// gradcheck.ran, .nondeterministic, .batchnorm: JSON lists of strings, as the Python helpers record them
+// (absent: not recorded). Every file's, together: ran as a sorted set of names, the others as words.
+static int meta_list(const gcd_st_file *f, const char *key, char ***out, int *n, char *err, size_t len) {
+    const char *v = gcd_st_meta(f, key);
+    if (!v) return 0;
+    cJSON *a = cJSON_Parse(v);
+    const cJSON *e;
+    int rc = cJSON_IsArray(a) ? 0 : fail(err, len, "%s: metadata %s is not a JSON array of strings", f->path, key);
+    cJSON *list = rc ? NULL : a;
+    cJSON_ArrayForEach(e, list) {
+        if (!cJSON_IsString(e)) { rc = fail(err, len, "%s: metadata %s holds something other than a string", f->path, key); break; }
+        *out = realloc(*out, (size_t)(*n + 1) * sizeof **out);
+        mallocCheck(*out);
+        (*out)[(*n)++] = gcd_strdup(e->valuestring);
+    }
+    cJSON_Delete(a);
+    return rc;
+}
+
+// the distinct strings of list, sorted; joined with ", " into *words when words is given
+static void distinct(char **list, int *n, char **words) {
+    qsort(list, (size_t)*n, sizeof *list, by_str);
+    int k = 0;
+    for (int i = 0; i < *n; i++) {
+        if (k && !strcmp(list[i], list[k - 1])) { free(list[i]); continue; }
+        list[k++] = list[i];
+    }
+    *n = k;
+    if (!words || !k) return;
+    gcd_sb sb = { 0 };
+    for (int i = 0; i < k; i++) gcd_sb_printf(&sb, "%s%s", i ? ", " : "", list[i]);
+    *words = sb.s;
+}
+
+static int load_recorded(gcd_check_set *set, char *err, size_t len) {
+    char **nd = NULL, **bn = NULL;
+    int nnd = 0, nbn = 0, rc = 0, W = set->world;
+    for (int i = 0; !rc && i < nfiles(set) + (set->local ? W : 0); i++) {
+        const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+        if (!f) continue;
+        int before = set->nran;
+        if ((rc = meta_list(f, "gradcheck.ran", &set->ran, &set->nran, err, len)) || (rc = meta_list(f, "gradcheck.nondeterministic", &nd, &nnd, err, len)) ||
+            (rc = meta_list(f, "gradcheck.batchnorm", &bn, &nbn, err, len)))
+            break;
+        for (int j = before; j < set->nran; j++) strip_wrappers(set->ran[j]);
+    }
+    distinct(set->ran, &set->nran, NULL);
+    distinct(nd, &nnd, &set->nondeterministic);
+    distinct(bn, &nbn, &set->batchnorm);
+    free_strs(nd, nnd), free_strs(bn, nbn);
+    return rc;
 }
 
 // the piece of parameter j that file k holds: [start, start + n) of numel elements; 0 when it has none
@@ -347,24 +437,25 @@ static int check_shards(const gcd_check_opts *o, gcd_check_set *set, char *err, 
         const char *name = set->params[j];
         const struct shard *full = NULL, *sh;
         int fk = -1;
-        for (int k = 0; k <= W; k++) {
+        for (int k = 0; k < nfiles(set); k++) {
             sh = file_of(set, k) ? shard_of(&set->shards[k], name) : NULL;
             if (sh && !full) full = sh, fk = k;
         }
         if (!full || ignored(o, name)) continue;
         set->sharded[j] = 1;
         if (!strcmp(set->stage, "local")) { rc = fail(err, len, "tensor '%.80s': sharded (gradcheck.shards) in local dumps: dump the sharded gradients after the reduce-scatter (stage reduced)", name); break; }
-        int nr = 0;
-        for (int k = 0; !rc && k <= W; k++) {
+        int nr = 0, whole = 0;
+        for (int k = 0; !rc && k < nfiles(set); k++) {
             uint64_t st, n, numel;
             if (!piece(set, k, name, &st, &n, &numel, &sh)) continue;
             int same = sh ? sh->ndim == full->ndim && !memcmp(sh->shape, full->shape, (size_t)full->ndim * sizeof full->shape[0]) : numel == full->numel;
             if (!same) {
-                rc = fail(err, len, "tensor '%.80s': %s (%s) gives it another full shape than %s does (gradcheck.shards)", name, k == W ? "the reference" : "a rank",
+                rc = fail(err, len, "tensor '%.80s': %s (%s) gives it another full shape than %s does (gradcheck.shards)", name, k >= W ? "the reference" : "a rank",
                           file_of(set, k)->path, file_of(set, fk)->path);
                 break;
             }
-            if (k == W) {
+            if (k >= W) {
+                whole = 1;
                 if (st != 0 || n != numel) rc = fail(err, len, "tensor '%.80s': the reference %s holds elements [%llu, %llu) of %llu: it must be whole", name,
                                                      file_of(set, k)->path, (unsigned long long)st, (unsigned long long)(st + n), (unsigned long long)numel);
                 continue;
@@ -390,6 +481,21 @@ static int check_shards(const gcd_check_opts *o, gcd_check_set *set, char *err, 
         if (!rc && nr == W && at != full->numel)
             rc = fail(err, len, "tensor '%.80s': elements [%llu, %llu) are in no rank's shard (gradcheck.shards): an unreadable layout", name,
                       (unsigned long long)at, (unsigned long long)full->numel);
+        // A map claims nothing the files do not hold: without a whole reference, the parameter is at most
+        // the runs the ranks hold plus, for each rank without one, the longest of them. The scan's work is
+        // bounded by the bytes read.
+        uint64_t sum = 0, longest = 0, bound;
+        for (int i = 0; i < nr; i++) {
+            uint64_t len_i = runs[i].b - runs[i].a;
+            if (!(i && runs[i].a == runs[i - 1].a && runs[i].b == runs[i - 1].b)) sum += len_i;
+            longest = len_i > longest ? len_i : longest;
+        }
+        if (!rc && !whole && (__builtin_mul_overflow(longest, (uint64_t)(W - nr), &bound) || __builtin_add_overflow(bound, sum, &bound) ||
+                              full->numel > bound))
+            rc = fail(err, len, "tensor '%.80s': gradcheck.shards claims %llu elements, but the %d rank%s holding a run hold %llu and the %d "
+                                "without one could hold at most %llu more: a map may claim nothing the files hold",
+                      name, (unsigned long long)full->numel, nr, nr == 1 ? "" : "s", (unsigned long long)sum, W - nr,
+                      (unsigned long long)(W == nr ? 0 : longest > UINT64_MAX / (uint64_t)(W - nr) ? UINT64_MAX : longest * (uint64_t)(W - nr)));
     }
     free(runs);
     return rc;
@@ -397,11 +503,19 @@ static int check_shards(const gcd_check_opts *o, gcd_check_set *set, char *err, 
 
 int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len) {
     memset(set, 0, sizeof *set);
-    set->ref.fd = -1;
-    char **ref_params = NULL;
-    int nref = 0;
-    if (o->ref) {
-        int rc = load_ref(o, set, &ref_params, &nref, err, len);
+    set->ref.fd = set->ref2.fd = -1;
+    char **ref_params = NULL, **ref2_params = NULL;
+    int nref = 0, nref2 = 0;
+    if (o->nref > 0) {
+        set->has_ref = 1;
+        int rc = load_ref(o, o->ref[0], &set->ref, &ref_params, &nref, err, len);
+        if (!rc && o->nref > 1) set->has_ref2 = 1, rc = load_ref(o, o->ref[1], &set->ref2, &ref2_params, &nref2, err, len);
+        const char *x;
+        if (!rc && o->nref > 1 && (x = first_missing(ref_params, nref, ref2_params, nref2)))
+            rc = fail(err, len, "%s: the second reference's gradcheck.params lacks '%.80s', which %s lists: not the same model", o->ref[1], x, o->ref[0]);
+        else if (!rc && o->nref > 1 && (x = first_missing(ref2_params, nref2, ref_params, nref)))
+            rc = fail(err, len, "%s: the second reference's gradcheck.params lists '%.80s', which %s does not: not the same model", o->ref[1], x, o->ref[0]);
+        free_strs(ref2_params, nref2);
         if (rc) return free_strs(ref_params, nref), rc;
     }
     char **paths = NULL;
@@ -478,16 +592,16 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     // the reference and the dumps: the same parameters
     const char *x = NULL;
     if (set->has_ref && (x = first_missing(params, np, ref_params, nref)))
-        rc = fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref, x);
+        rc = fail(err, len, "%s: the reference's gradcheck.params lacks '%.80s', which the dumps list", o->ref[0], x);
     else if (set->has_ref && (x = first_missing(ref_params, nref, params, np)))
-        rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref, x);
+        rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref[0], x);
     free_strs(ref_params, nref);
     if (rc) return rc;
 
     // sharded dumps: each file's map, then per sharded parameter one full shape and pieces that tile it
-    set->shards = gcd_malloc((size_t)(set->world + 1) * sizeof *set->shards);
+    set->shards = gcd_malloc((size_t)nfiles(set) * sizeof *set->shards);
     int any_shard = 0;
-    for (int k = 0; k <= set->world; k++) {
+    for (int k = 0; k < nfiles(set); k++) {
         const gcd_st_file *f = file_of(set, k);
         if (f && (rc = load_shards(f, &set->shards[k], err, len))) return rc;
         any_shard |= set->shards[k].n > 0;
@@ -495,55 +609,43 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     set->sharded = gcd_malloc((size_t)(np ? np : 1));
     if (any_shard && (rc = check_shards(o, set, err, len))) return rc;
 
-    // per parameter: one shape everywhere, and the tolerance the dtypes allow
-    set->tol_default = GCD_TOL;
+    // the precision every file records, and what the dumps say ran in the forward
+    double prec_tol = 0;
+    if ((rc = agreed_precision(set, &prec_tol, err, len)) || (rc = load_recorded(set, err, len))) return rc;
+
+    // per parameter: one shape everywhere, and its own tolerance: the coarsest of its own dtypes and the
+    // precision the step computed in (autocast computes in bf16 what it stores as F32). One tensor's
+    // dtype never loosens another's.
+    set->ptol = gcd_malloc((size_t)(np ? np : 1) * sizeof *set->ptol);
+    set->tol_default = 0;
     for (int j = 0; j < np; j++) {
         if (ignored(o, params[j])) continue;
-        if (set->sharded[j]) {
-            for (int k = 0; k <= set->world; k++) {
-                const gcd_st_file *f = file_of(set, k);
-                const gcd_st_tensor *t = f ? gcd_st_find(f, params[j]) : NULL;
-                if (t) set->tol_default = fmax(set->tol_default, dtype_tol(t->dtype));
-            }
-            continue;
-        }
         const gcd_st_tensor *first = NULL;
         int first_rank = -1;
-        for (int k = 0; k <= set->world; k++) {
+        double t = fmax(GCD_TOL, prec_tol);
+        for (int k = 0; k < nfiles(set); k++) {
             const gcd_st_file *f = file_of(set, k);
-            const gcd_st_tensor *t = f ? gcd_st_find(f, params[j]) : NULL;
-            if (!t) continue;
-            set->tol_default = fmax(set->tol_default, dtype_tol(t->dtype));
-            if (!first) { first = t, first_rank = k; continue; }
-            if (!same_shape(t, first)) {
+            const gcd_st_tensor *tk = f ? gcd_st_find(f, params[j]) : NULL;
+            if (!tk) continue;
+            t = fmax(t, dtype_tol(tk->dtype));
+            if (set->sharded[j]) continue;
+            if (!first) { first = tk, first_rank = k; continue; }
+            if (!same_shape(tk, first)) {
                 char a[96], b[96];
-                shape_str(a, sizeof a, t), shape_str(b, sizeof b, first);
-                if (k == set->world) return fail(err, len, "tensor '%.80s': shape %s in the reference %s differs from %s on rank %d", params[j], a, o->ref, b, first_rank);
+                shape_str(a, sizeof a, tk), shape_str(b, sizeof b, first);
+                if (k >= set->world)
+                    return fail(err, len, "tensor '%.80s': shape %s in the reference %s differs from %s %s %d", params[j], a, f->path, b,
+                                first_rank >= set->world ? "in the reference" : "on rank", first_rank >= set->world ? 1 : first_rank);
                 return fail(err, len, "tensor '%.80s': shape %s on rank %d (%s) differs from %s on rank %d", params[j], a, k, f->path, b, first_rank);
             }
         }
+        set->ptol[j] = t;
+        set->tol_default = fmax(set->tol_default, t);
     }
-    // the precision the step computed in, where the dumps say: their loosest, and never tighter than
-    // the dtypes the values were stored in
-    const char *prec = NULL;
-    double prec_tol = 0;
-    for (int k = 0; k <= set->world; k++) {
-        const gcd_st_file *f = file_of(set, k);
-        const char *v = f ? gcd_st_meta(f, "gradcheck.precision") : NULL;
-        double t;
-        if (!v) continue;
-        const char *c = precision_name(v, &t);
-        if (!c) return fail(err, len, "%s: metadata gradcheck.precision is '%.20s', expected fp64, fp32, tf32, bf16 or fp16", f->path, v);
-        if (!prec || t > prec_tol) prec = c, prec_tol = t;
-    }
-    if (prec) {
-        if (prec_tol >= set->tol_default) {
-            set->tol_default = prec_tol;
-            snprintf(set->tol_reason, sizeof set->tol_reason, "gradcheck.precision=%s", prec);
-        } else snprintf(set->tol_reason, sizeof set->tol_reason, "the dtypes, coarser than gradcheck.precision=%s", prec);
-    }
+    if (!(set->tol_default > 0)) set->tol_default = fmax(GCD_TOL, prec_tol);
+    if (set->precision) snprintf(set->tol_reason, sizeof set->tol_reason, "gradcheck.precision=%s", set->precision);
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
-    set->digest = gcd_malloc((size_t)(set->world + 1) * sizeof *set->digest);
+    set->digest = gcd_malloc((size_t)nfiles(set) * sizeof *set->digest);
     return 0;
 }
 
@@ -551,9 +653,11 @@ void gcd_check_free(gcd_check_set *set) {
     for (int k = 0; set->rank && k < set->world; k++) gcd_st_close(&set->rank[k]);
     for (int k = 0; set->local && k < set->world; k++) gcd_st_close(&set->local[k]);
     free(set->local);
-    for (int k = 0; set->shards && k <= set->world; k++) shard_map_free(&set->shards[k]);
-    free(set->shards), free(set->sharded);
+    for (int k = 0; set->shards && k < nfiles(set); k++) shard_map_free(&set->shards[k]);
+    free(set->shards), free(set->sharded), free(set->ptol);
+    free_strs(set->ran, set->nran), free(set->nondeterministic), free(set->batchnorm);
     if (set->has_ref) gcd_st_close(&set->ref);
+    if (set->has_ref2) gcd_st_close(&set->ref2);
     free(set->rank);
     free(set->digest);
     free_strs(set->params, set->nparams);
@@ -609,7 +713,7 @@ static void *hash_files(void *arg) {
         hash_failed(h, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
         goto out;
     }
-    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) <= set->world;) {
+    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < nfiles(set);) {
         f = file_of(set, k);
         if (!f) { set->digest[k][0] = 0; continue; }
         if (h->inl[k]) continue;
@@ -716,15 +820,18 @@ GCD_CLONES static void take(int how, gcd_dtype dt, const unsigned char *s, size_
 
 typedef struct {
     const gcd_check_set *set;
-    const gcd_st_tensor **t;   // (world + 1) rank k's tensor or NULL; the reference's last
+    const gcd_st_tensor **t;   // (world + 2) rank k's tensor or NULL; the references' last
     int local;                 // stage local: g is the DDP mean; reduced: g is the first rank's
     int sharded;               // this parameter: g is the ranks' runs side by side (FSDP), each from start[k]
     uint64_t *start;           // (world)
-    double *g, *r, *tmp;       // (CHUNK)
-    double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2
-    XXH3_state_t *xxh;         // (world + 1) the digests the scan makes (hash_to), where inl[k]
+    int *twin;                 // (world) sharded: the first rank holding the same run (an HSDP replica), or -1
+    double *g, *r, *r2, *tmp;  // (CHUNK) r2: the second reference
+    double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2 (sharded: - its twin's)
+    XXH3_state_t *xxh;         // (world + 2) the digests the scan makes (hash_to), where inl[k]
     const unsigned char *inl;
-    uint64_t *hashed;          // (world + 1) how far into file k they are
+    uint64_t *hashed;          // (world + 2) how far into file k they are
+    double deadline;           // mono() past which the scan stops (--timeout); 0: none
+    const char *param;         // the parameter being scanned, for the message
     char *err;
     size_t len;
 } scan;
@@ -778,9 +885,15 @@ static int chunk_sharded(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
         if (!b) return 2;
         hash_to(s, k, f->data_start + s->t[k]->begin + (hi - s->start[k]) * gcd_dtype_size(s->t[k]->dtype));
         rank_acc a = { 0 };
-        take(TAKE_FIRST, s->t[k]->dtype, b, (size_t)(hi - lo), s->g + (lo - at), &a, s->tmp);
+        int twin = s->twin[k] >= 0;   // a replica of an earlier rank's run: compared with it, not placed again
+        take(twin ? TAKE_DIFF : TAKE_FIRST, s->t[k]->dtype, b, (size_t)(hi - lo), s->g + (lo - at), &a, s->tmp);
         if (!p) continue;
         s->sq[k] += a.sq;
+        if (twin) {
+            s->dsq[k] += a.d2;
+            p->max_diff = p->max_diff > a.mx || a.mx != a.mx ? (a.mx != a.mx ? a.mx : p->max_diff) : a.mx;
+            if (a.d2 > 0 || a.d2 != a.d2) p->differs[k] = 1;
+        }
         if (a.bad) {
             p->rank_nonfinite[k] += a.bad;
             if (p->rank_first_nonfinite[k] < 0) p->rank_first_nonfinite[k] = (long)(lo + (uint64_t)a.first);
@@ -819,57 +932,93 @@ static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     }
     if (s->local)
         for (size_t i = 0; i < m; i++) s->g[i] /= W;
-    if (s->t[W]) {
-        const unsigned char *b = bytes(s, W, at, m);
+    for (int k = W; k < W + NREF; k++) {
+        if (!s->t[k]) continue;
+        const unsigned char *b = bytes(s, k, at, m);
         if (!b) return 2;
         rank_acc a = { 0 };
-        take(TAKE_CONV, s->t[W]->dtype, b, m, s->r, &a, NULL);
+        take(TAKE_CONV, s->t[k]->dtype, b, m, k == W ? s->r : s->r2, &a, NULL);
     }
     return 0;
 }
 
-static int scan_param(scan *s, gcd_param_result *p, double tol) {
-    int W = s->set->world;
+// sharded, with no reference to read: the first element at or past `at` that some rank's run holds
+// (the gaps of ranks without a gradient are zeros, which add nothing to the sums)
+static uint64_t next_held(const scan *s, uint64_t at, uint64_t n) {
+    uint64_t next = n;
+    for (int k = 0; k < s->set->world; k++) {
+        if (!s->t[k] || !s->t[k]->n) continue;
+        uint64_t a = s->start[k], b = a + s->t[k]->n;
+        if (at >= a && at < b) return at;
+        if (a > at && a < next) next = a;
+    }
+    return next - next % CHUNK > at ? next - next % CHUNK : at;
+}
+
+static double mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// 3 once the scan is past --timeout (looked at every 64 chunks: a clock read per 256 Ki elements)
+static int late(scan *s, uint64_t at) {
+    if (!s->deadline || (at / CHUNK) % 64 || mono() <= s->deadline) return 0;
+    snprintf(s->err, s->len, "stopped: the scan took longer than --timeout allows (at '%.80s')", (const char *)s->param);
+    return 3;
+}
+
+static int scan_param(scan *s, gcd_param_result *p) {
+    int W = s->set->world, rc;
+    s->param = p->name;
     gcd_sums sums;
-    gcd_sums_init(&sums, s->set->has_ref);
+    const double *r = s->set->has_ref ? s->r : NULL;   // a None reference counts as zeros for the sums
+    const double *b = s->t[W] && s->t[W + 1] ? s->r2 : NULL;   // the second reference, where both have the tensor
+    gcd_sums_init(&sums, s->set->has_ref, b != NULL);
     memset(s->sq, 0, (size_t)W * sizeof *s->sq);
     memset(s->dsq, 0, (size_t)W * sizeof *s->dsq);
-    const double *r = s->set->has_ref ? s->r : NULL;   // a None reference counts as zeros for the sums
     if (r && !s->t[W]) memset(s->r, 0, CHUNK * sizeof *s->r);
+    int skip = s->sharded && !s->t[W];   // nothing but the ranks' runs to read: their gaps are skipped
     for (uint64_t at = 0; p->nhave && at < p->n; at += CHUNK) {
+        if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
         size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-        if (chunk(s, p, at, m)) return 2;
-        gcd_sums_add(&sums, s->g, r, m, at);
+        if ((rc = late(s, at)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
+        gcd_sums_add(&sums, s->g, r, b, m, at);
     }
     if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-            const unsigned char *b = bytes(s, W, at, m);
-            if (!b) return 2;
+            const unsigned char *bt = bytes(s, W, at, m);
+            if ((rc = late(s, at)) || !bt) return rc ? rc : 2;
             rank_acc a = { 0 };
-            take(TAKE_FIRST, s->t[W]->dtype, b, m, s->r, &a, NULL);
+            take(TAKE_FIRST, s->t[W]->dtype, bt, m, s->r, &a, NULL);
             sums.rr += a.sq;
         }
     // a reduced stage takes g from the first rank: a NaN elsewhere is still a NaN in the gradients
     for (int k = 0; k < W && !sums.nonfinite; k++)
         if (p->rank_nonfinite[k]) sums.nonfinite = p->rank_nonfinite[k], sums.first_nonfinite = p->rank_first_nonfinite[k];
-    if (gcd_sums_need_resid(&sums, tol))
+    if (gcd_sums_need_resid(&sums, p->tol))
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
+            if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-            if (chunk(s, NULL, at, m)) return 2;
+            if ((rc = late(s, at)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
             gcd_sums_resid(&sums, s->g, r, m);
         }
     double g0 = p->first >= 0 ? sqrt(s->sq[p->first]) : 0;
     for (int k = 0; k < W; k++) {
         p->rank_norm[k] = s->t[k] ? sqrt(s->sq[k]) : NAN;
         if (s->local || !s->t[k] || k == p->first || !p->differs[k]) continue;
-        double rel = g0 > 0 ? sqrt(s->dsq[k]) / g0 : INFINITY;
-        if (rel <= tol) p->differs[k] = 0;   // within the tolerance: not a disagreement
-        else p->diff_rel = rel != rel || p->diff_rel != p->diff_rel ? NAN : fmax(p->diff_rel, rel);
+        double base = s->sharded ? sqrt(s->sq[s->twin[k]]) : g0;   // a replica against the run it copies
+        double rel = base > 0 ? sqrt(s->dsq[k]) / base : INFINITY;
+        if (rel <= p->tol) p->differs[k] = 0;   // within the tolerance: not a disagreement
+        else {
+            if (s->sharded && !(p->diff_rel > 0)) p->diff_base = s->twin[k];
+            p->diff_rel = rel != rel || p->diff_rel != p->diff_rel ? NAN : fmax(p->diff_rel, rel);
+        }
     }
-    for (int k = 0; k <= W; k++)
+    for (int k = 0; k < W + NREF; k++)
         if (s->t[k]) gcd_st_release(file_of(s->set, k), s->t[k]);
-    gcd_classify_sums(p, &sums, W, tol);
+    gcd_classify_sums(p, &sums, W, p->tol);
     return 0;
 }
 
@@ -881,20 +1030,26 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     res->tol = set->tol;
     res->classified = 1;
     res->no_ref = !set->has_ref;
+    res->nref = set->has_ref + set->has_ref2;
+    res->tol_given = o->tol > 0;
+    res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm;
     res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
     scan s = { .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
-    s.t = gcd_malloc((size_t)(W + 1) * sizeof *s.t);
-    s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.tmp = gcd_malloc(CHUNK * sizeof(double));
+    int NF = nfiles(set);
+    s.t = gcd_malloc((size_t)NF * sizeof *s.t);
+    s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.r2 = gcd_malloc(CHUNK * sizeof(double));
+    s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
-    s.start = gcd_malloc((size_t)W * sizeof *s.start);
+    s.start = gcd_malloc((size_t)W * sizeof *s.start), s.twin = gcd_malloc((size_t)W * sizeof *s.twin);
+    s.deadline = o->timeout > 0 ? mono() + o->timeout : 0;
 
-    unsigned char *inl = gcd_malloc((size_t)W + 1);
+    unsigned char *inl = gcd_malloc((size_t)NF);
     int pooled = 0;
-    for (int k = 0; k <= W && !o->no_hash; k++)
+    for (int k = 0; k < NF && !o->no_hash; k++)
         if (file_of(set, k)) pooled += !(inl[k] = (unsigned char)scan_order_is_file_order(o, set, k));
-    s.xxh = aligned_alloc(64, (size_t)(W + 1) * sizeof *s.xxh), s.hashed = gcd_malloc((size_t)(W + 1) * sizeof *s.hashed);   // XXH3's state: 64-byte aligned
-    if (!s.xxh) GCD_FATAL("out of memory for %d digests", W + 1);
-    for (int k = 0; k <= W; k++)
+    s.xxh = aligned_alloc(64, (size_t)NF * sizeof *s.xxh), s.hashed = gcd_malloc((size_t)NF * sizeof *s.hashed);   // XXH3's state: 64-byte aligned
+    if (!s.xxh) GCD_FATAL("out of memory for %d digests", NF);
+    for (int k = 0; k < NF; k++)
         if (inl[k]) XXH3_128bits_reset(&s.xxh[k]);
     s.inl = inl;
     hash_job h = { .set = set, .inl = inl, .mu = PTHREAD_MUTEX_INITIALIZER };
@@ -914,7 +1069,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     int tty = isatty(2);
     uint64_t total = 0, seen = 0;
     for (int j = 0; j < set->nparams; j++)
-        for (int k = 0; k <= W; k++) {
+        for (int k = 0; k < NF; k++) {
             const gcd_st_file *f = file_of(set, k);
             const gcd_st_tensor *t = f && !ignored(o, set->params[j]) ? gcd_st_find(f, set->params[j]) : NULL;
             total += t ? t->end - t->begin : 0;
@@ -930,7 +1085,10 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
         p->rank_first_nonfinite = gcd_malloc((size_t)W * sizeof(long));
         p->differs = gcd_malloc((size_t)W);
         const gcd_st_tensor *any = NULL;   // the loosest dtype among the ranks' (else the reference's) names the column
-        for (int k = 0; k <= W; k++) {
+        p->tol = o->tol > 0 ? o->tol : set->ptol[j];
+        p->tol_source = o->tol > 0 ? GCD_TOL_GIVEN : GCD_TOL_CLAIMED;
+        p->ran = set->nran && in_sorted(set->ran, set->nran, p->name);
+        for (int k = 0; k < NF; k++) {
             const gcd_st_file *f = file_of(set, k);
             s.t[k] = f ? gcd_st_find(f, p->name) : NULL;
             if (!s.t[k]) continue;
@@ -957,20 +1115,26 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
         s.sharded = set->sharded[j];
         if (s.sharded) {   // the parameter's own shape, and where each rank's run starts
             const struct shard *full = NULL;
-            for (int k = 0; k <= W; k++) {
+            for (int k = 0; k < NF; k++) {
                 const struct shard *sh = file_of(set, k) ? shard_of(&set->shards[k], p->name) : NULL;
                 if (k < W) s.start[k] = sh ? sh->start : 0;
                 if (sh && !full) full = sh;
             }
             p->ndim = full->ndim, p->n = full->numel;
             for (int d = 0; d < full->ndim; d++) p->shape[d] = full->shape[d];
+            for (int k = 0; k < W; k++) {   // HSDP: replicas of one run are compared with its first holder
+                s.twin[k] = -1;
+                for (int q = 0; q < k && s.t[k] && s.t[k]->n && s.twin[k] < 0; q++)
+                    if (s.t[q] && s.start[q] == s.start[k] && s.t[q]->n == s.t[k]->n) s.twin[k] = q;
+            }
         }
-        if ((rc = scan_param(&s, p, set->tol))) goto done;
+        p->diff_base = p->first;
+        if ((rc = scan_param(&s, p))) goto done;
         if (tty && total > (1u << 30)) fprintf(stderr, "\rcheck: %3.0f%% of %.1f GB", 100.0 * (double)seen / (double)total, (double)total / 1e9);
     }
     if (tty && total > (1u << 30)) fprintf(stderr, "\r%40s\r", "");
     set->bytes = total;
-    for (int k = 0; k <= W; k++)   // the rest of each file the scan hashed: its last bytes past the last tensor read
+    for (int k = 0; k < NF; k++)   // the rest of each file the scan hashed: its last bytes past the last tensor read
         if (inl[k]) {
             hash_to(&s, k, file_of(set, k)->size);
             XXH128_hash_t d = XXH3_128bits_digest(&s.xxh[k]);
@@ -984,7 +1148,8 @@ done:
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
-    free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.xxh), free(s.hashed), free(inl);
+    if (!rc && set->has_ref2 && gcd_st_unchanged(&set->ref2, err, len)) rc = 2;
+    free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;
 }

@@ -12,11 +12,13 @@
 typedef struct {
     const char *const *dumps;   // files or directories (every *.safetensors directly in it)
     int ndumps;
-    const char *ref;            // or NULL
+    const char *ref[2];         // the single-process reference, and the same computed in another order (measured noise)
+    int nref;                   // 0, 1 or 2
     const char *const *ignore;  // fnmatch patterns over parameter names
     int nignore;
     double tol;                 // 0: from the dtypes read
     int no_hash;                // no digest of the files (no report is written to hold it)
+    double timeout;             // seconds the scan may take (0: no limit): past it, exit 3
 } gcd_check_opts;
 
 typedef struct gcd_shard_map gcd_shard_map;
@@ -26,15 +28,20 @@ typedef struct {
     const char *stage;          // "local" or "reduced"
     gcd_st_file *rank;          // (world) rank k's dump (stage reduced when both stages are given)
     gcd_st_file *local;         // (world) rank k's local dump when both stages are given, else NULL
-    gcd_st_file ref;            // has_ref
-    int has_ref;
-    char (*digest)[33];         // (world + 1) XXH3-128 hex digests (xxh128sum), the reference's last
+    gcd_st_file ref, ref2;      // has_ref, has_ref2: the reference, and the same in another order
+    int has_ref, has_ref2;
+    char (*digest)[33];         // (world + 2) XXH3-128 hex digests (xxh128sum), the references' last
     int nparams;
     char **params;              // (nparams) gradcheck.params of rank 0, wrapper prefixes removed (module., _fsdp_wrapped_module., ...)
     struct gcd_shard_map *shards;   // (world + 1) each file's gradcheck.shards (n 0: none)
     unsigned char *sharded;     // (nparams) 1: every rank holds a run of it (FSDP), assembled as the scan streams
-    double tol, tol_default;    // in force; what the precision (gradcheck.precision) and the dtypes give
+    double tol, tol_default;    // in force for the loosest tensor; what the precision and the dtypes give it
+    double *ptol;               // (nparams) each tensor's claimed tolerance: its dtypes' and the recorded precision's
     char tol_reason[80];        // where tol_default comes from when the dumps name a precision, else ""
+    const char *precision;      // the precision every file records (gradcheck.precision, canonical), or NULL
+    char **ran;                 // (nran) sorted: parameters whose module ran in the forward (gradcheck.ran of any file)
+    int nran;
+    char *nondeterministic, *batchnorm;   // gradcheck.nondeterministic / .batchnorm of every file, ", "-joined, or NULL
     uint64_t bytes;             // data bytes scanned
 } gcd_check_set;
 

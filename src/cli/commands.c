@@ -1,4 +1,4 @@
-// `check DUMP... [--ref REF]`, the user's own gradients, and `report FILE`, a saved report rendered.
+// `check DUMP... [--ref REF [--ref REF2]]`, the user's own gradients, and `report FILE`, a saved report rendered.
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -24,8 +24,8 @@ static int outputs_not_inputs(const gcd_check_set *set, const char *json, const 
     const char *out[2] = { json, junit }, *flag[2] = { "--json", "--junit" };
     for (int i = 0; i < 2; i++) {
         if (!out[i] || !strcmp(out[i], "-")) continue;
-        for (int k = 0; k <= set->world; k++) {
-            const char *in = k < set->world ? set->rank[k].path : set->has_ref ? set->ref.path : NULL;
+        for (int k = 0; k < set->world + 2; k++) {
+            const char *in = k < set->world ? set->rank[k].path : k == set->world ? (set->has_ref ? set->ref.path : NULL) : (set->has_ref2 ? set->ref2.path : NULL);
             if (in && gcd_output_same(out[i], in)) return bad(flag[i], "'%s' is one of the files check reads (a dump or --ref): give the report its own path", out[i]), -2;
         }
     }
@@ -43,7 +43,16 @@ int check_main(int argc, char **argv) {
         if ((rc = gcd_next_option(argc, argv, &i, CMD_CHECK, &opt, &v))) break;
         if (!opt) { dumps[o.ndumps++] = v; continue; }
         switch ((opt_id)opt->id) {
-        case OPT_REF: o.ref = v; break;
+        case OPT_REF:
+            if (o.nref == 2) rc = bad(opt->name, "at most two references (the reference, and the same in another order), got a third: '%s'", v);
+            else o.ref[o.nref++] = v;
+            break;
+        case OPT_TIMEOUT: {
+            char *end;
+            o.timeout = strtod(v, &end);
+            if (end == v || *end || !(o.timeout > 0 && o.timeout <= 1e6)) rc = bad(opt->name, "expected seconds from 0 to 1e6, got '%s'", v);
+            break;
+        }
         case OPT_IGNORE: ignore[o.nignore++] = v; break;
         case OPT_JSON: json = v; break;
         case OPT_JUNIT: junit = v; break;

@@ -39,12 +39,18 @@ const gcd_option gcd_options[] = {
     { OPT_BACKEND, "--backend", CMD_RUN, "mpi|nccl", "mpi,nccl", "collectives over Open MPI on the CPU, or NCCL on CUDA devices (default mpi)" },
     { OPT_HOSTFILE, "--hostfile", CMD_RUN, "FILE", NULL, "passed to mpirun" },
     { OPT_OVERSUBSCRIBE, "--oversubscribe", CMD_RUN, NULL, NULL, "more ranks than the Slurm allocation's tasks (else refused, exit 2)" },
-    { OPT_TIMEOUT, "--timeout", CMD_RUN, "S", NULL,
-      "a collective not complete after S seconds stops the run, exit 3 (default 300,\n"
-      "or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job" },
-    { OPT_REF, "--ref", CMD_CHECK, "FILE", NULL, "the single-process reference: same starting weights, the whole batch, world 1" },
+    { OPT_TIMEOUT, "--timeout", CMD_RUN | CMD_CHECK, "S", NULL,
+      "run: a collective not complete after S seconds stops the run, exit 3 (default\n"
+      "300, or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job;\n"
+      "check: a scan longer than S seconds stops, exit 3 (default: no limit)" },
+    { OPT_REF, "--ref", CMD_CHECK, "FILE", NULL,
+      "the single-process reference: same starting weights, the whole batch, world 1;\n"
+      "a second --ref, the same step with the rows in another order, measures each\n"
+      "tensor's rounding noise (docs/check-verdicts.md)" },
     { OPT_IGNORE, "--ignore", CMD_CHECK, "GLOB", NULL, "leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')" },
-    { OPT_TOL, "--tol", CMD_CHECK, "X", NULL, "relative tolerance (default from the dtypes: F64 1e-9, F32 1e-5, F16/BF16 1e-2)" },
+    { OPT_TOL, "--tol", CMD_CHECK, "X", NULL,
+      "every tensor's relative tolerance (default per tensor: its dtypes and the recorded\n"
+      "precision, F64 1e-9, F32 1e-5, F16/BF16 1e-2; or its noise, with two --ref)" },
     { OPT_JSON, "--json", CMD_RUN | CMD_CHECK, "PATH|-", NULL,
       "where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
       "-: stdout, and the table goes to stderr)" },

@@ -12,6 +12,7 @@ typedef enum {
     GCD_ST_NONE, GCD_ST_PARTIAL, GCD_ST_ZERO, GCD_ST_NONFINITE, GCD_ST_OK, GCD_ST_SCALED, GCD_ST_MISMATCH,
     GCD_ST_DISAGREE,   // check, stage reduced: ranks hold different gradients after DDP's all-reduce
     GCD_ST_PRESENT,    // check without a reference: finite, non-zero, the same on every rank
+    GCD_ST_UNDECIDED,  // check with one reference: a small, uncorrelated difference no claimed tolerance can judge
     GCD_ST_COUNT
 } gcd_status;
 
@@ -20,10 +21,15 @@ typedef enum {
 typedef struct {
     double gg, gr, rr, dd;   // <g,g>, <g,r>, <r,r>, ||g - r||^2
     double ee;               // ||g - c r||^2 for c = gr / rr: a second pass, when gcd_sums_need_resid
+    double nn, db, bb;       // second reference b: ||r - b||^2 (the measured noise), <g - r, b>, <b,b>
     long nonfinite, first_nonfinite;
     int allzero;             // every finite value of g is 0
     int has_ref;             // r was given (a missing reference counts as zeros)
+    int has_ref2;            // b was given: the same reference computed in another order
 } gcd_sums;
+
+// Where a tensor's tolerance came from (check: the report says it per tensor)
+typedef enum { GCD_TOL_CLAIMED, GCD_TOL_MEASURED, GCD_TOL_GIVEN } gcd_tol_source;
 
 #define GCD_PARAM_MAX_DIM 8
 
@@ -47,7 +53,12 @@ typedef struct {
     int local_nhave;              // ranks whose local dump has it
     int explained;                // verdict.c: its reduced figures are told in the finding of their cause (local None)
     int grouped;                  // verdict.c: named in a finding of many mismatches under one prefix
-    int at_floor;                 // ok because ||g - r|| is below the model's noise floor (verdict.c: noise_floor)
+    // the tolerance, per tensor: tol (relative) is set before classifying (0: the run's); the classifier
+    // sets allowed (the relative error it accepted: tol, or k x the measured noise) and where it came from
+    double tol, noise, allowed;   // noise: ||r - b|| / ||r|| between the two references, NAN without b
+    gcd_tol_source tol_source;
+    double corr;                  // <g - r, b> / (||g - r|| ||b||): rounding noise is uncorrelated; NAN where not taken
+    int ran;                      // check: a dump recorded that its module ran in the forward (gradcheck.ran)
     // check only (dumps): NULL / 0 for the probes
     const char *dtype;            // the dumps' dtype, "F32"
     int ref_none;                 // the reference has no gradient (None) for it
@@ -57,6 +68,7 @@ typedef struct {
     unsigned char *differs;       // (world) stage reduced: 1 where rank k's gradient is not rank first's
     int first;                    // stage reduced: the first rank with a gradient, g's source
     double max_diff, diff_rel;    // largest |g_k - g_first| and ||g_k - g_first|| / ||g_first||
+    int diff_base;                // the rank those are against: first, or (sharded, HSDP) the first holder of the differing replica's run
     // run only (probes): the forward graph (run.c), and where the gradient goes wrong (blame.c)
     gcd_path *rank_path;          // (world) each rank's shortest path to its loss; n 0 where it does not use the parameter
     gcd_path *via;                // (nfeat) rank 0's path through gathered feature f; n 0 when the parameter does not feed f
@@ -88,6 +100,11 @@ typedef struct {
     const char *probe;
     int mode, world, steps;
     double lr, tol;
+    int tol_given;                    // check --tol: every tensor's tolerance is tol
+    int nref;                         // check: references given (0, 1 or 2)
+    const char *nondeterministic;     // check: the layers the dumps say drew random numbers (gradcheck.nondeterministic), or NULL
+    const char *batchnorm;            // check: plain BatchNorm layers in training mode (gradcheck.batchnorm), or NULL
+    double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
     gcd_probe_cfg cfg;
     int nparam;
     gcd_param_result *param;          // (nparam)

@@ -8,7 +8,7 @@
 static const char *const status_names[] = {
     [GCD_ST_NONE] = "none", [GCD_ST_PARTIAL] = "partial",   [GCD_ST_ZERO] = "zero",         [GCD_ST_NONFINITE] = "nonfinite",
     [GCD_ST_OK] = "ok",     [GCD_ST_SCALED] = "scaled",     [GCD_ST_MISMATCH] = "mismatch", [GCD_ST_DISAGREE] = "disagree",
-    [GCD_ST_PRESENT] = "present",
+    [GCD_ST_PRESENT] = "present", [GCD_ST_UNDECIDED] = "undecided",
 };
 _Static_assert(sizeof status_names / sizeof *status_names == GCD_ST_COUNT, "status_names: one name per gcd_status");
 
@@ -17,16 +17,25 @@ const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT && status_nam
 // ----------------------------------------------------------------------------
 // one gradient: sums streamed chunk by chunk, then one decision
 
-void gcd_sums_init(gcd_sums *s, int has_ref) {
+void gcd_sums_init(gcd_sums *s, int has_ref, int has_ref2) {
     memset(s, 0, sizeof *s);
     s->first_nonfinite = -1;
     s->allzero = 1;
     s->has_ref = has_ref;
+    s->has_ref2 = has_ref && has_ref2;
 }
 
-GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at) {
+GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, const double *b, size_t n, size_t at) {
     double gg = 0, gr = 0, rr = 0, dd = 0, ga = 0;   // ga = sum |g|: zero exactly when g is (no underflow)
-    if (r) {
+    double nn = 0, db = 0, bb = 0;
+    if (r && b) {
+#pragma omp simd reduction(+ : gg, gr, rr, dd, ga, nn, db, bb)
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i], y = r[i], z = b[i], d = x - y, e = y - z;
+            gg += x * x, gr += x * y, rr += y * y, dd += d * d, ga += fabs(x);
+            nn += e * e, db += d * z, bb += z * z;
+        }
+    } else if (r) {
 #pragma omp simd reduction(+ : gg, gr, rr, dd, ga)
         for (size_t i = 0; i < n; i++) {
             double x = g[i], y = r[i], d = x - y;
@@ -37,19 +46,22 @@ GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size
         for (size_t i = 0; i < n; i++) gg += g[i] * g[i], ga += fabs(g[i]);
     }
     long bad = 0;
-    if (!isfinite(gg + ga)) {   // rare: a NaN or infinity (or a square beyond 1e308): finite values only
-        gg = gr = rr = dd = ga = 0;
+    if (!isfinite(gg + ga + nn + bb)) {   // rare: a NaN or infinity (or a square beyond 1e308): finite values only
+        gg = gr = rr = dd = ga = nn = db = bb = 0;
         for (size_t i = 0; i < n; i++) {
-            double x = g[i], y = r ? r[i] : 0;
+            double x = g[i], y = r ? r[i] : 0, z = b ? b[i] : 0;
             if (!isfinite(x)) {
                 if (s->first_nonfinite < 0) s->first_nonfinite = (long)(at + i);
                 bad++;
                 continue;
             }
+            if (!isfinite(z)) z = y;   // a non-finite second reference measures no noise there
             gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y), ga += fabs(x);
+            nn += (y - z) * (y - z), db += (x - y) * z, bb += z * z;
         }
     }
     s->gg += gg, s->gr += gr, s->rr += rr, s->dd += dd;
+    s->nn += nn, s->db += db, s->bb += bb;
     s->nonfinite += bad;
     s->allzero &= ga == 0;
 }
@@ -66,8 +78,33 @@ GCD_CLONES void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, si
     s->ee += ee;
 }
 
+// Rounding noise is uncorrelated with the reference: <g - r, b> over n values is of the order
+// ||g - r|| ||b|| / sqrt(n). Beyond GCD_CORR_SIGMAS of that (and a floor for the few-valued tensors,
+// whose figures say little), the difference follows the reference: signal, not noise.
+static int correlated(double corr, size_t n) {
+    if (!(n >= GCD_CORR_MIN_N) || !isfinite(corr)) return 0;
+    return fabs(corr) > fmax(GCD_CORR_SIGMAS / sqrt((double)n), GCD_CORR_FLOOR);
+}
+
+// The tolerance of one tensor against its reference r (norm A): the claimed one (tol x A, from its
+// dtypes and the recorded precision, or --tol), or with a second reference b, k x ||r - b|| where that
+// is larger. p->allowed, p->tol_source and p->noise say which.
+static double allowance(gcd_param_result *p, const gcd_sums *s, double A, double tol) {
+    double allow = tol * A;
+    p->allowed = tol;
+    if (!s->has_ref2) return allow;
+    p->noise = A > 0 ? sqrt(s->nn) / A : NAN;
+    if (p->tol_source == GCD_TOL_GIVEN || !(GCD_NOISE_K * sqrt(s->nn) > allow)) return allow;
+    p->tol_source = GCD_TOL_MEASURED;
+    p->allowed = A > 0 ? GCD_NOISE_K * sqrt(s->nn) / A : INFINITY;
+    return GCD_NOISE_K * sqrt(s->nn);
+}
+
 void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double tol) {
-    p->norm = p->rel_err = p->scale = p->cosine = NAN;
+    p->norm = p->rel_err = p->scale = p->cosine = p->noise = p->corr = NAN;
+    p->allowed = NAN;
+    if (!(p->tol > 0)) p->tol = tol;
+    tol = p->tol;
     p->ref_norm = s->has_ref ? sqrt(s->rr) : NAN;
     p->nonfinite = s->nonfinite;
     p->first_nonfinite = s->first_nonfinite;
@@ -80,17 +117,21 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
         return;
     }
     if (s->has_ref) {
-        double rr = s->rr, gg = s->gg;
-        p->rel_err = rr > 0 ? sqrt(s->dd) / p->ref_norm : (gg > 0 ? INFINITY : 0);
-        p->cosine = gg > 0 && rr > 0 ? s->gr / (p->norm * p->ref_norm) : NAN;
+        double rr = s->rr, gg = s->gg, A = p->ref_norm, err = sqrt(s->dd);
+        p->rel_err = rr > 0 ? err / A : (gg > 0 ? INFINITY : 0);
+        p->cosine = gg > 0 && rr > 0 ? s->gr / (p->norm * A) : NAN;
+        double allow = allowance(p, s, A, tol), noise = s->has_ref2 ? sqrt(s->nn) : 0;
+        if (s->has_ref2 && err > 0 && s->bb > 0) p->corr = s->db / (err * sqrt(s->bb));
         if (rr > 0) {
             p->scale = s->gr / rr;
-            if (sqrt(s->dd) <= tol * p->ref_norm) p->status = GCD_ST_OK;
-            else if (s->allzero) p->status = GCD_ST_ZERO;
-            else if (p->scale > 0 && sqrt(s->ee) <= tol * p->norm && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
+            int signal = correlated(p->corr, p->n) && err > tol * A;   // accepted only by the measured noise, yet it follows the reference
+            double resid = fmax(tol * p->norm, GCD_NOISE_K * noise * fmax(1, fabs(p->scale)));
+            if (s->allzero) p->status = s->has_ref2 && A <= GCD_NOISE_K * noise ? GCD_ST_OK : GCD_ST_ZERO;   // zero where the reference is more than noise
+            else if (err <= allow && !signal) p->status = GCD_ST_OK;
+            else if (p->scale > 0 && sqrt(s->ee) <= resid && fabs(p->scale - 1) > tol) p->status = GCD_ST_SCALED;
             else p->status = GCD_ST_MISMATCH;   // c <= 0 too: the wrong direction is no scale
         } else {
-            p->status = s->allzero ? GCD_ST_OK : GCD_ST_MISMATCH;   // the reference is zero: only zero is right
+            p->status = s->allzero || err <= allow ? GCD_ST_OK : GCD_ST_MISMATCH;   // the reference is zero: only zero (or noise) is right
         }
     } else {
         p->status = s->allzero ? GCD_ST_ZERO : GCD_ST_PRESENT;
@@ -101,10 +142,10 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
 
 void gcd_classify(gcd_param_result *p, int world, double tol) {
     gcd_sums s;
-    gcd_sums_init(&s, 1);
+    gcd_sums_init(&s, 1, 0);
     if (p->nhave > 0 && p->reduced) {
-        gcd_sums_add(&s, p->reduced, p->reference, p->n, 0);
-        if (gcd_sums_need_resid(&s, tol)) gcd_sums_resid(&s, p->reduced, p->reference, p->n);
+        gcd_sums_add(&s, p->reduced, p->reference, NULL, p->n, 0);
+        if (gcd_sums_need_resid(&s, p->tol > 0 ? p->tol : tol)) gcd_sums_resid(&s, p->reduced, p->reference, p->n);
     } else {
         p->nhave = 0;
         for (size_t i = 0; i < p->n; i++) s.rr += p->reference[i] * p->reference[i];
@@ -209,13 +250,14 @@ static int by_status(const gcd_param_result *p, const void *arg) { return p->sta
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
 static int same_shown(double a, double b, double tol);
-static double scale_tol;   // gcd_verdict's res->tol, for same_scale
-static int same_scale(const gcd_param_result *p, const void *arg) {
-    return p->status == GCD_ST_SCALED && !p->explained && same_shown(p->scale, *(const double *)arg, scale_tol);
+static int same_scale(const gcd_param_result *p, const void *arg) {   // arg: the finding's first tensor
+    const gcd_param_result *q = arg;
+    return p->status == GCD_ST_SCALED && !p->explained && same_shown(p->scale, q->scale, fmax(p->allowed, q->allowed));
 }
-static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none; }
+static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && !p->ran; }
 static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none; }
-static int at_floor(const gcd_param_result *p, const void *arg) { (void)arg; return p->at_floor; }
+static int measured_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && p->tol_source == GCD_TOL_MEASURED; }
+static int ran_none(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && p->ran; }
 
 static const char *plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
 
@@ -246,8 +288,9 @@ void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {
 // ----------------------------------------------------------------------------
 // judgement over the whole model: the noise floor, scalars, the scale a user reads
 
-// The scale as a user reads it: the simple fraction p/q (p, q <= 16) within the tolerance, else c.
-// Under bf16 a summed loss gives x0.249 or x0.251 per tensor: both are the x0.25 the step made.
+// The scale as a user reads it: the simple fraction p/q (p, q <= 16) or the power of two (a loss scale:
+// GradScaler's 65536) within the tolerance, else c. Under bf16 a summed loss gives x0.249 or x0.251 per
+// tensor: both are the x0.25 the step made.
 static double shown_scale(double c, double tol) {
     double best = c, off = INFINITY;
     for (int q = 1; q <= 16; q++)
@@ -255,6 +298,10 @@ static double shown_scale(double c, double tol) {
             double f = (double)pn / q, d = fabs(c - f);
             if (d <= tol * f && d < off) best = f, off = d;
         }
+    for (int e = -24; e <= 24; e++) {
+        double f = ldexp(1, e), d = fabs(c - f);
+        if (d <= tol * f && d < off) best = f, off = d;
+    }
     return best;
 }
 
@@ -280,20 +327,17 @@ static double err_rms(const gcd_param_result *p) {
     return e / sqrt((double)p->n);
 }
 
-// A tensor whose true gradient is zero (a BERT attention key bias: softmax ignores the shift) holds
-// rounding noise on the ranks and in the reference alike: its own relative error is meaningless. Its
-// error is judged against the model's: at most tol x the model's RMS gradient per element is noise,
-// ok with a note. A small but real gradient (1e-3 of the rest) is far above that and keeps its verdict;
-// so does a tensor that is exactly a multiple of its reference (scaled): that is signal, not noise.
-static void noise_floor(gcd_run_result *res, double *floor_out) {
-    double floor = res->tol * model_rms(res);
-    *floor_out = floor;
-    if (!(floor > 0)) return;
+// One reference cannot tell a tensor whose true gradient is about zero (a bias before normalize or
+// BatchNorm, a BERT key bias: rounding noise on the ranks and in the reference alike) from a small wrong
+// one. A mismatch that is uncorrelated with its reference (|cos| < 0.5, as noise is) and whose error per
+// element is within its own tolerance x the model's RMS gradient is undecided: not ok, not a defect; a
+// second reference measures its noise. Signal is never undecided: a zero, a sign flip, a scale.
+static void undecided(gcd_run_result *res) {
+    double rms = model_rms(res);
     for (int i = 0; i < res->nparam; i++) {
         gcd_param_result *p = &res->param[i];
-        if ((p->status != GCD_ST_MISMATCH && p->status != GCD_ST_ZERO) || p->ref_none) continue;
-        double e = err_rms(p);
-        if (e <= floor) p->status = GCD_ST_OK, p->at_floor = 1;
+        if (p->status != GCD_ST_MISMATCH || p->ref_none || p->tol_source == GCD_TOL_MEASURED || isfinite(p->noise)) continue;
+        if (fabs(p->cosine) < 0.5 && err_rms(p) <= p->tol * rms) p->status = GCD_ST_UNDECIDED;
     }
 }
 
@@ -306,10 +350,22 @@ static void scalars(gcd_run_result *res) {
         int backed = 0;
         for (int j = 0; j < res->nparam && !backed; j++) {
             const gcd_param_result *q = &res->param[j];
-            backed = q->status == GCD_ST_SCALED && q->n > 1 && same_shown(p->scale, q->scale, res->tol);
+            backed = q->status == GCD_ST_SCALED && q->n > 1 && same_shown(p->scale, q->scale, fmax(p->allowed, q->allowed));
         }
         if (!backed) p->status = GCD_ST_MISMATCH;
     }
+}
+
+// The largest relative error the check could have missed: the loosest tensor's accepted error
+static double sensitivity(const gcd_run_result *res, const gcd_param_result **worst) {
+    double s = NAN;
+    *worst = NULL;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (p->status != GCD_ST_OK || !(p->ref_norm > 0) || !isfinite(p->allowed)) continue;
+        if (!(p->allowed <= s)) s = p->allowed, *worst = p;
+    }
+    return s;
 }
 
 // ----------------------------------------------------------------------------
@@ -454,7 +510,7 @@ static void stage_cause(gcd_run_result *res) {
             if (!same_cut(q, p)) continue;
             done[j] = 1;
             ok += q->status == GCD_ST_OK, scaled += q->status == GCD_ST_SCALED;
-            if (q->status == GCD_ST_SCALED && !same_shown(q->scale, p->scale, res->tol)) alike = 0;
+            if (q->status == GCD_ST_SCALED && !same_shown(q->scale, p->scale, fmax(q->allowed, p->allowed))) alike = 0;
             if (isfinite(q->cosine)) clo = fmin(clo, q->cosine), chi = fmax(chi, q->cosine);
             if (isfinite(q->rel_err)) elo = fmin(elo, q->rel_err), ehi = fmax(ehi, q->rel_err);
         }
@@ -469,7 +525,7 @@ static void stage_cause(gcd_run_result *res) {
         } else {
             for (int j = 0; j < res->nparam; j++) res->param[j].explained |= same_cut(&res->param[j], p);
             gcd_sb_printf(&m, "so every rank holds ");
-            if (scaled == n && alike) gcd_sb_printf(&m, "the reference x%.6g", shown_scale(p->scale, res->tol));
+            if (scaled == n && alike) gcd_sb_printf(&m, "the reference x%.6g", shown_scale(p->scale, p->allowed));
             else {
                 gcd_sb_printf(&m, "a gradient that is not the reference's");
                 if (clo <= chi) {
@@ -490,6 +546,49 @@ static void stage_cause(gcd_run_result *res) {
 }
 
 // ----------------------------------------------------------------------------
+// causes the numbers point at
+
+// What a scale c (as shown) usually means, after "the reference xC"
+static void scale_cause(gcd_sb *m, double c, int world) {
+    int e;
+    double f = frexp(c, &e), k = round(c), inv = round(1 / c);
+    if (fabs(c * world - 1) <= 1e-6)
+        gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
+                         "only the rank's own rows, or a gradient divided by the world twice");
+    else if (world > 1 && fabs(c - world) <= 1e-6 * world)
+        gcd_sb_printf(m, " (= world): a gradient all-reduced with SUM and not divided by the world");
+    else if (f == 0.5 && abs(e - 1) >= 8)
+        gcd_sb_printf(m, ": a power of two, as a loss scale is: the gradients were taken before GradScaler's scaler.unscale_(optimizer) "
+                         "(dump after it, or divide by scaler.get_scale())");
+    else if (k >= 2 && k <= 16 && fabs(c - k) <= 1e-6 * k)
+        gcd_sb_printf(m, ": an integer factor, as a loss not divided by the gradient accumulation steps gives (summed over %.0f "
+                         "micro-batches), or a gradient added %.0f times", k, k);
+    else if (inv >= 2 && inv <= 16 && fabs(c * inv - 1) <= 1e-6)
+        gcd_sb_printf(m, " (= 1/%.0f): a loss divided by %.0f gradient accumulation steps where the objective is not, or divided twice", inv, inv);
+}
+
+// Plain BatchNorm in training mode under DDP normalises each rank's rows by their own statistics: the
+// ranks and the reference compute different objectives, and every parameter upstream differs. One
+// finding says so and takes over the mismatches.
+static void batchnorm_cause(gcd_run_result *res) {
+    gcd_sb m = { 0 }, ids = { 0 };
+    int n = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if ((p->status != GCD_ST_MISMATCH && p->status != GCD_ST_UNDECIDED) || p->explained || p->ref_none) continue;
+        p->explained = 1, n++;
+        gcd_sb_printf(&ids, "%s%s", ids.len ? "," : "", p->name);
+    }
+    if (!n) return;
+    gcd_sb_printf(&m, "%d %s from the reference, and the step ran plain BatchNorm in training mode (%s): under DDP each rank "
+                      "normalises its rows by their own mean and variance, the single-process reference by the whole batch's, so the two "
+                      "compute different objectives; use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (SyncBatchNorm runs on "
+                      "CUDA), or check with those layers in eval mode",
+                  n, plural(n, "parameter differs", "parameters differ"), res->batchnorm);
+    emit(res, "mismatch", 1, &ids, &m);
+}
+
+// ----------------------------------------------------------------------------
 // the run's findings
 
 void gcd_verdict(gcd_run_result *res) {
@@ -498,11 +597,9 @@ void gcd_verdict(gcd_run_result *res) {
     for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
     res->nfinding = 0;
     int check = !strcmp(res->probe, "check");
-    double floor = 0;
     scalars(res);
-    noise_floor(res, &floor);
+    undecided(res);
     index_build(res);
-    scale_tol = res->tol;
     gcd_sb m = { 0 }, ids = { 0 }, others = { 0 };
     gcd_status st;
     int n;
@@ -535,11 +632,22 @@ void gcd_verdict(gcd_run_result *res) {
                           plural(have, "still gets", "still get"));
         if (check && !res->no_ref)   // the reference has them: cut on the way
             gcd_sb_printf(&m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
-                              "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False), or a detach())",
+                              "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False); a plain torch.distributed.all_gather, "
+                              "which has no autograd: use torch.distributed.nn.functional.all_gather; or a detach())",
                           plural(n, "it", "them"), plural(n, "it", "them"));
         gcd_sb_free(&words);
         gcd_sb_free(&others);
         emit(res, "none", 1, &ids, &m);
+    }
+    if ((n = count(res, ran_none, NULL))) {   // None everywhere, reference included, though its module ran
+        gcd_sb u = { 0 };
+        names(res, ran_none, NULL, &u, &ids);
+        gcd_sb_printf(&m, "%s %s in the forward (the dumps recorded %s module's forward) but %s no gradient on any rank nor in the "
+                          "single-process reference: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
+                          "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach()",
+                      u.s, plural(n, "ran", "ran"), plural(n, "its", "their"), plural(n, "gets", "get"), plural(n, "it", "them"));
+        gcd_sb_free(&u);
+        emit(res, "ran_none", 1, &ids, &m);
     }
     if ((n = count(res, none_in_ref, NULL))) {   // None in the reference too: the model's, not the distribution's
         gcd_sb u = { 0 };
@@ -592,12 +700,15 @@ void gcd_verdict(gcd_run_result *res) {
         gcd_sb_printf(&m, " %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ",
                       plural(n, "holds", "hold"));
         if (n > 1) gcd_sb_printf(&m, "%s differs most, ", worst->name);
-        gcd_sb_printf(&m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel, worst->first);
+        gcd_sb_printf(&m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel,
+                      worst->diff_base >= 0 ? worst->diff_base : worst->first);
         int nd = 0;
         for (int k = 0; k < res->world; k++) nd += worst->differs[k];
         gcd_sb_printf(&m, "%s ", plural(nd, "", "s"));
         gcd_ranks_list(&m, worst->differs, 1, res->world);
-        gcd_sb_printf(&m, " (a parameter outside DDP, a no_sync misuse, or a gradient changed after the all-reduce)");
+        gcd_sb_printf(&m, " (a parameter outside DDP, a no_sync misuse, a gradient changed after the all-reduce, "
+                          "torch.utils.checkpoint(use_reentrant=True) around code that runs more than once per step, or, in sharded "
+                          "dumps, replicas of one shard (HSDP) that differ)");
         emit(res, "disagree", 1, &ids, &m);
     }
     double *scales = NULL;   // the distinct scales named so far
@@ -606,15 +717,15 @@ void gcd_verdict(gcd_run_result *res) {
         const gcd_param_result *p = &res->param[i];
         if (p->status != GCD_ST_SCALED || p->explained) continue;
         int seen = 0;
-        for (int j = 0; j < nscales && !seen; j++) seen = same_shown(p->scale, scales[j], res->tol);
+        for (int j = 0; j < nscales && !seen; j++) seen = same_shown(p->scale, scales[j], p->allowed);
         if (seen) continue;
         scales = realloc(scales, (size_t)(nscales + 1) * sizeof *scales);
         mallocCheck(scales);
         scales[nscales++] = p->scale;
-        n = names(res, same_scale, &p->scale, &m, &ids);
-        double c = shown_scale(p->scale, res->tol);
+        n = names(res, same_scale, p, &m, &ids);
+        double c = shown_scale(p->scale, p->allowed);
         gcd_sb_printf(&m, " %s the reference x%.6g", plural(n, "gradient is", "gradients are"), c);
-        if (fabs(c * res->world - 1) <= 1e-6) gcd_sb_printf(&m, " (= 1/world)");
+        scale_cause(&m, c, res->world);
         st = GCD_ST_OK;
         int ok = count(res, by_status, &st);
         if (ok) {
@@ -625,6 +736,7 @@ void gcd_verdict(gcd_run_result *res) {
         emit(res, "scaled", 1, &ids, &m);
     }
     free(scales);
+    if (res->batchnorm) batchnorm_cause(res);
     if (count(res, grouped_mismatch, NULL) > GROUPS) mismatch_groups(res);
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
@@ -634,6 +746,9 @@ void gcd_verdict(gcd_run_result *res) {
         else if (p->n == 1 && p->scale > 0)
             gcd_sb_printf(&m, "%s: wrong value: %.6g times the reference's (one value: its ratio is no evidence of a scale factor, and no "
                               "other gradient shows it)", p->name, p->scale);
+        else if (p->scale < 0 && fabs(p->scale + 1) <= fmax(0.05, p->allowed) && p->cosine <= -0.95)
+            gcd_sb_printf(&m, "%s: negated: the reference x-1 (cosine %.3g): a gradient subtracted where it is added, or a loss with the "
+                              "wrong sign", p->name, p->cosine);
         else if (p->scale <= 0)
             gcd_sb_printf(&m, "%s: wrong gradient, pointing away from the reference (scale %.3g, cosine %.3g, relative error %.3g)", p->name,
                           p->scale, p->cosine, p->rel_err);
@@ -641,6 +756,15 @@ void gcd_verdict(gcd_run_result *res) {
             gcd_sb_printf(&m, "%s: wrong gradient, neither the reference nor a multiple of it: relative error %.3g, cosine %.3g", p->name,
                           p->rel_err, p->cosine);
         emit(res, "mismatch", 1, &ids, &m);
+    }
+    st = GCD_ST_UNDECIDED;
+    if ((n = count(res, by_status, &st))) {
+        names(res, by_status, &st, &m, &ids);
+        gcd_sb_printf(&m, " cannot be judged from one reference: %s from it by no more than rounding noise does where a true gradient is "
+                          "about zero, and not in its direction; give a second reference computed in another order (rows permuted: "
+                          "check_ddp does; check DUMPS --ref A --ref B) to measure %s noise", plural(n, "it differs", "they differ"),
+                      plural(n, "its", "their"));
+        emit(res, "undecided", 1, &ids, &m);
     }
     if (res->steps > 0) {   // divergence: a loss or a parameter that stopped being a number
         int at = -1;
@@ -673,7 +797,7 @@ void gcd_verdict(gcd_run_result *res) {
     if ((n = count(res, by_status, &st))) {
         double worst = 0;
         for (int i = 0; i < res->nparam; i++)
-            if (res->param[i].status == GCD_ST_OK && !res->param[i].at_floor && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
+            if (res->param[i].status == GCD_ST_OK && res->param[i].tol_source != GCD_TOL_MEASURED && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
         gcd_sb w = { 0 };
         names(res, by_status, &st, &w, &ids);
         if (n == res->nparam) gcd_sb_printf(&m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
@@ -681,17 +805,25 @@ void gcd_verdict(gcd_run_result *res) {
         gcd_sb_free(&w);
         emit(res, "note", 0, &ids, &m);
     }
-    if ((n = count(res, at_floor, NULL))) {
-        double top = 0;
-        for (int i = 0; i < res->nparam; i++)
-            if (res->param[i].at_floor) top = fmax(top, err_rms(&res->param[i]));
+    if ((n = count(res, measured_ok, NULL))) {
         gcd_sb w = { 0 };
-        names(res, at_floor, NULL, &w, &ids);
-        gcd_sb_printf(&m, "%s %s at the noise floor: %s from the reference by at most %.2g per element (RMS), below the tolerance x the "
-                          "model's RMS gradient (%g x %.3g): rounding noise where the true gradient is about zero (judged ok; the relative "
-                          "error of such a tensor means nothing)",
-                      w.s, plural(n, "is", "are"), plural(n, "it differs", "they differ"), top, res->tol, floor / res->tol);
+        names(res, measured_ok, NULL, &w, &ids);
+        gcd_sb_printf(&m, "%s %s within %g x %s measured noise (what the two references differ by) and not correlated with the reference: "
+                          "rounding noise, judged ok (%s own relative error says nothing where the true gradient is about zero)",
+                      w.s, plural(n, "is", "are"), GCD_NOISE_K, plural(n, "its", "their"), plural(n, "its", "their"));
         gcd_sb_free(&w);
+        emit(res, "note", 0, &ids, &m);
+    }
+    const gcd_param_result *loosest;
+    res->sensitivity = sensitivity(res, &loosest);
+    if (loosest && (res->nondeterministic || res->sensitivity > GCD_INSENSITIVE)) {
+        gcd_sb_printf(&ids, "%s", loosest->name);
+        gcd_sb_printf(&m, "insensitive: this check accepted differences of up to %.3g relative (%s, %s)", res->sensitivity, loosest->name,
+                      loosest->tol_source == GCD_TOL_MEASURED ? "its measured noise" : "its tolerance");
+        if (res->nondeterministic)
+            gcd_sb_printf(&m, "; the step ran layers that draw random numbers (%s): the ranks and the reference draw different masks, so "
+                              "their noise hides real errors; put them in eval mode (or p=0) for the check", res->nondeterministic);
+        else gcd_sb_printf(&m, ": an error smaller than that there could not have been seen");
         emit(res, "note", 0, &ids, &m);
     }
     st = GCD_ST_PRESENT;

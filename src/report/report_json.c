@@ -321,6 +321,10 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     cJSON *dumps = put(r, "dumps", cJSON_CreateArray());
     for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->digest[k]));
     put(r, "reference", set->has_ref ? dump_entry(&set->ref, 0, set->digest[set->world]) : cJSON_CreateNull());
+    put(r, "reference2", set->has_ref2 ? dump_entry(&set->ref2, 0, set->digest[set->world + 1]) : cJSON_CreateNull());
+    put(r, "precision", str_or_null(set->precision));
+    put(r, "noise_k", num(GCD_NOISE_K));
+    put(r, "sensitivity", isfinite(res->sensitivity) ? num(res->sensitivity) : cJSON_CreateNull());
     cJSON *ps = put(r, "params", cJSON_CreateArray());
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
@@ -337,6 +341,11 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
         put(o, "scale", none || !set->has_ref ? cJSON_CreateNull() : num(p->scale));
         put(o, "cosine", none || !set->has_ref ? cJSON_CreateNull() : num(p->cosine));
         put(o, "nonfinite", cJSON_CreateNumber((double)p->nonfinite));
+        static const char *const sources[] = { [GCD_TOL_CLAIMED] = "claimed", [GCD_TOL_MEASURED] = "measured", [GCD_TOL_GIVEN] = "--tol" };
+        put(o, "tol", num(p->tol));
+        put(o, "tol_source", cJSON_CreateString(sources[p->tol_source]));
+        put(o, "allowed", isfinite(p->allowed) ? num(p->allowed) : cJSON_CreateNull());
+        put(o, "noise", isfinite(p->noise) ? num(p->noise) : cJSON_CreateNull());
         put(o, "max_rank_diff", num(p->max_diff));
         put(o, "rank_diff_rel", num(p->diff_rel));
         put(o, "per_rank", per_rank(p, set->world));

@@ -94,6 +94,7 @@ static void cell_note(const cJSON *p, char *note, size_t len) {
     else if (!strcmp(st, "partial")) snprintf(note, len, "%d ranks", gcd_jint(p, "ranks_with_grad"));
     else if (!strcmp(st, "nonfinite")) snprintf(note, len, "%d bad", gcd_jint(p, "nonfinite"));
     else if (!strcmp(st, "disagree")) snprintf(note, len, "ranks %.1e", gcd_jnum(p, "rank_diff_rel"));
+    else if (!strcmp(st, "undecided")) snprintf(note, len, "err %.1e", gcd_jnum(p, "rel_err"));
 }
 
 char *gcd_cell(const cJSON *p, char *buf, size_t len) {
@@ -483,11 +484,14 @@ static char *render_text(const cJSON *doc, int width) {
         const cJSON *ref = cJSON_GetObjectItemCaseSensitive(r0, "reference"), *dumps = cJSON_GetObjectItemCaseSensitive(r0, "dumps");
         char tol_why[128] = " (from the dtypes)";   // or from the precision the dumps name (check.c)
         if (*gcd_jstr(r0, "tolerance_reason")) snprintf(tol_why, sizeof tol_why, " (from %.100s)", gcd_jstr(r0, "tolerance_reason"));
-        snprintf(line, sizeof line, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s, tolerance %g%s",
-                 version, cJSON_GetArraySize(dumps), gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"),
-                 cJSON_GetArraySize(dumps) > 1 ? ", ..." : "", cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)",
-                 gcd_jnum(doc, "tolerance"),
-                 gcd_jnum(r0, "tolerance") != gcd_jnum(r0, "tolerance_from_dtypes") ? " (--tol)" : tol_why);
+        const cJSON *ref2 = cJSON_GetObjectItemCaseSensitive(r0, "reference2");
+        char refs[PATH_MAX + 64] = "", tols[160];
+        if (cJSON_IsObject(ref2)) snprintf(refs, sizeof refs, " and %.4000s (noise measured, k %g)", gcd_jstr(ref2, "path"), gcd_jnum(r0, "noise_k"));
+        if (gcd_jnum(r0, "tolerance") != gcd_jnum(r0, "tolerance_from_dtypes")) snprintf(tols, sizeof tols, "tolerance %g (--tol)", gcd_jnum(doc, "tolerance"));
+        else snprintf(tols, sizeof tols, "tolerance per tensor, the loosest %g%s", gcd_jnum(doc, "tolerance"), tol_why);
+        snprintf(line, sizeof line, "gradcheck-dist %s: check, %d dumps (stage %s, %s%s), reference %s%s, %s", version, cJSON_GetArraySize(dumps),
+                 gcd_jstr(r0, "stage"), gcd_jstr(cJSON_GetArrayItem(dumps, 0), "path"), cJSON_GetArraySize(dumps) > 1 ? ", ..." : "",
+                 cJSON_IsObject(ref) ? gcd_jstr(ref, "path") : "none (--ref)", refs, tols);
         wrap(&b, width, "", line);
         const char *tv = gcd_jstr(env, "torch_version"), *lv = gcd_jstr(env, "lightning_version");
         if (*tv || *lv) gcd_sb_printf(&b, "dumped with torch %s%s%s\n", *tv ? tv : "?", *lv ? ", lightning " : "", lv);
