@@ -6,16 +6,17 @@
     check_ddp(...), check_lightning(...), run_check(...)   see harness.py
     snippet()                          the recipe `gradcheck-dist check --snippet` prints
     all_gather_with_grad(x)            a gather whose backward carries gradients, current on every torch
-    track_precision(model)             records the autocast precision of model's forward for dump_grads
+    track(model)                       records what model's forward does (autocast precision, which modules ran,
+                                       dropout, plain BatchNorm) for the dumps; track_precision: its old name
 """
 import os
 
-from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track_precision, write_dump
+from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track, track_precision, write_dump
 from .gather import all_gather_with_grad
 
 __version__ = "0.1.0"
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
-           "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track_precision",
+           "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
            "all_gather_with_grad", "clean_name"]
 
 

@@ -117,22 +117,114 @@ def _autocast_now():
     return out
 
 
-def track_precision(model):
-    """Records the autocast precision seen in `model`'s forward (pre-hooks on its modules); dump_grads reads it.
+class _Tracker:
+    """What `track(model)` records between two dumps: the autocast precisions seen in the forward, which
+    parameters' modules ran, the nondeterministic layers (Dropout family, p > 0) and the plain BatchNorm*d
+    modules that ran in training mode. Reset by the first forward after a dump (so every dump of one step --
+    LocalGradCapture's and dump_grads' -- reads the same record)."""
 
-    LocalGradCapture and check_ddp call it. Returns the hook handles."""
+    def __init__(self):
+        self.precision = set()
+        self.ran = set()
+        self.nondeterministic = {}
+        self.batchnorm = {}
+        self.dumped = False
+        self.handles = []
+
+    def clear(self):
+        self.precision.clear()
+        self.ran.clear()
+        self.nondeterministic.clear()
+        self.batchnorm.clear()
+        self.dumped = False
+
+    def metadata(self, names):
+        """The dump's metadata: gradcheck.ran (in the dump's parameter order), .nondeterministic, .batchnorm."""
+        return {"gradcheck.ran": json.dumps([n for n in names if n in self.ran]),
+                "gradcheck.nondeterministic": json.dumps(list(self.nondeterministic.values())),
+                "gradcheck.batchnorm": json.dumps(list(self.batchnorm.values()))}
+
+
+def _dropout_entry(name, m):
+    """'encoder.drop (Dropout p=0.1)' for a Dropout-family module in training mode with p > 0, else None."""
+    cls = type(m).__name__
+    if "Dropout" not in cls or not m.training:
+        return None
+    p = getattr(m, "p", None)
+    try:
+        if p is not None and float(p) <= 0:
+            return None
+    except (TypeError, ValueError):
+        pass
+    return f"{name or '(root)'} ({cls}" + (f" p={p:g})" if isinstance(p, (int, float)) else ")")
+
+
+def _plain_batchnorm(m):
+    """A BatchNorm*d (not SyncBatchNorm) that normalises with this batch's statistics now."""
+    return _plain_batchnorm_class(m) and (m.training or not m.track_running_stats)
+
+
+def track(model):
+    """Records what `model`'s forward does, for the dumps (forward pre-hooks on its own modules, no global hook):
+    per step, the autocast precision, which parameters' modules ran (gradcheck.ran), the Dropout-family layers
+    with p > 0 that ran in training mode (gradcheck.nondeterministic) and the plain BatchNorm*d layers that
+    normalised with the batch's statistics (gradcheck.batchnorm). dump_grads, write_dump(model=...) and
+    LocalGradCapture.dump write them. The record counts from this call, or from the first forward after the last
+    dump. Call it once, before the forward of the step you dump; LocalGradCapture, GradcheckDump, check_ddp and
+    check_lightning call it. Idempotent; returns the hook handles."""
     root = unwrap(model)
-    seen = root.__dict__.setdefault("_gradcheck_precision_seen", set())
-    if root.__dict__.get("_gradcheck_precision_hooks"):
-        return root.__dict__["_gradcheck_precision_hooks"]
+    t = root.__dict__.get("_gradcheck_tracker")
+    if t is not None:
+        return t.handles
+    t = _Tracker()
+    root.__dict__["_gradcheck_tracker"] = t
+    root.__dict__["_gradcheck_precision_seen"] = t.precision  # the old name, read by infer_precision
 
-    def pre(mod, args):
-        seen.update(_autocast_now())
+    def hook(name, m, own):
+        def pre(mod, args):
+            if t.dumped:
+                t.clear()
+            t.precision.update(_autocast_now())
+            t.ran.update(own)
+            entry = _dropout_entry(name, mod)
+            if entry is not None:
+                t.nondeterministic[name] = entry
+            if _plain_batchnorm(mod):
+                t.batchnorm[name] = f"{name or '(root)'}"
+        return pre
 
-    handles = [m.register_forward_pre_hook(pre) for m in root.modules()
-               if m is root or next(m.parameters(recurse=False), None) is not None]
-    root.__dict__["_gradcheck_precision_hooks"] = handles
-    return handles
+    for prefix, m in root.named_modules():
+        own = [clean_name(f"{prefix}.{n}" if prefix else n) for n, _ in m.named_parameters(recurse=False)]
+        if m is root or own or "Dropout" in type(m).__name__ or _plain_batchnorm_class(m):
+            t.handles.append(m.register_forward_pre_hook(hook(clean_name(prefix) if prefix else "", m, own)))
+    return t.handles
+
+
+def _plain_batchnorm_class(m):
+    import torch
+
+    bn = getattr(torch.nn.modules.batchnorm, "_BatchNorm", None)
+    return bn is not None and isinstance(m, bn) and not isinstance(m, torch.nn.SyncBatchNorm)
+
+
+track_precision = track  # the earlier name
+
+
+def _tracked(model):
+    """The model's _Tracker, or None when track(model) was never called on it."""
+    if model is None:
+        return None
+    return unwrap(model).__dict__.get("_gradcheck_tracker")
+
+
+def _tracker_metadata(model, names):
+    """gradcheck.ran/.nondeterministic/.batchnorm from the model's tracker (empty when untracked: unknown), and
+    marks the record dumped: the next forward starts a new one."""
+    t = _tracked(model)
+    if t is None:
+        return {}
+    t.dumped = True
+    return t.metadata(names)
 
 
 def _tf32_on(model):
@@ -452,6 +544,7 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
     prec = precision_name(precision) or infer_precision(model, tensors.values())
     meta = {"gradcheck.format": FORMAT, "gradcheck.rank": str(rank), "gradcheck.world": str(world),
             "gradcheck.stage": stage, "gradcheck.params": json.dumps(list(params)), "gradcheck.precision": prec}
+    meta.update(_tracker_metadata(model, params))
     shards = {n: s for n, s in (shards or {}).items() if n in tensors}
     if shards:
         meta["gradcheck.shards"] = json.dumps(shards, separators=(",", ":"))
@@ -522,7 +615,7 @@ class LocalGradCapture:
         self.params = [n for n, _ in named]
         self.grads = {}
         self._handles = [p.register_hook(self._hook(n)) for n, p in named]
-        track_precision(model)
+        track(model)
 
     def _hook(self, name):
         def hook(g):

@@ -51,16 +51,56 @@ def find_binary(binary=None):
     return os.path.abspath(b)
 
 
-def run_check(dumps, ref=None, ignore=(), tol=None, binary=None, json_path=None, timeout=120):
-    """Runs `gradcheck-dist check`; returns (exit code, report dict or None, stdout+stderr text)."""
+PERMUTATION_SEED = 20261204   # the fixed seed of the permuted reference's row order
+
+
+def permuted_path(ref):
+    """Where the permuted reference of `ref` lives: DIR/rank0.safetensors -> DIR/permuted.safetensors (GradcheckDump's
+    and clip_step.py's layout), else X.safetensors -> X-permuted.safetensors (check_ddp's ref-permuted.safetensors)."""
+    ref = os.fspath(ref)
+    d, base = os.path.split(ref)
+    if base == "rank0.safetensors":
+        return os.path.join(d, "permuted.safetensors")
+    stem = base[:-len(".safetensors")] if base.endswith(".safetensors") else base
+    return os.path.join(d, stem + "-permuted.safetensors")
+
+
+def _refs(ref, references):
+    """The --ref arguments: ref (a path or a list of paths); references=2 with one path adds its permuted sibling
+    (permuted_path, which must exist); references=1 keeps the first; None: as given."""
+    if ref is None:
+        return []
+    refs = [os.fspath(ref)] if isinstance(ref, (str, os.PathLike)) else [os.fspath(r) for r in ref]
+    if references is None:
+        return refs
+    if references not in (1, 2):
+        raise ValueError(f"references must be 1 or 2, not {references!r}")
+    if references == 1:
+        return refs[:1]
+    if len(refs) == 1:
+        second = permuted_path(refs[0])
+        if not os.path.exists(second):
+            raise ValueError(f"references=2: no second reference beside {refs[0]} ({second}): dump the permuted "
+                             "reference, or pass ref=[A, B], or references=1")
+        refs.append(second)
+    return refs[:2]
+
+
+def run_check(dumps, ref=None, ignore=(), tol=None, binary=None, json_path=None, timeout=120, references=None):
+    """Runs `gradcheck-dist check`; returns (exit code, report dict or None, stdout+stderr text).
+
+    ref: the reference dump, or a list of two ([A, B]: the same step in two row orders, `--ref A --ref B`: each
+    tensor's rounding noise is measured by what they disagree by). references=2 with one ref adds its permuted
+    sibling (permuted_path); 1 uses one reference only; None (default) passes what ref gives."""
     dumps = [os.fspath(dumps)] if isinstance(dumps, (str, os.PathLike)) else [os.fspath(d) for d in dumps]
+    refs = _refs(ref, references)
     tmp = None
     if json_path is None:
         tmp = tempfile.mkdtemp(prefix="gcd-report-")
         json_path = os.path.join(tmp, "report.json")
     cmd = [find_binary(binary), "check", *dumps, "--json", os.fspath(json_path)]
-    if ref is not None:
-        cmd += ["--ref", os.fspath(ref)]
+    for r in refs:
+        cmd += ["--ref", r]
     for g in ignore:
         cmd += ["--ignore", g]
     if tol is not None:
@@ -117,7 +157,8 @@ def _ticket(binary, outdir):
 
 
 def _kept(outdir):
-    names = [n for n in ("report.json", "ticket.md", "ref.safetensors", "reduced", "local", "ranks", "ref")
+    names = [n for n in ("report.json", "ticket.md", "ref.safetensors", "ref-permuted.safetensors", "reduced", "local",
+                         "ranks", "ref", "ref-permuted")
              if os.path.exists(os.path.join(outdir, n))]
     errs = sorted(n for n in os.listdir(outdir) if n.startswith("error-")) if os.path.isdir(outdir) else []
     return f"kept in {outdir}" + (f" ({', '.join(names + errs)})" if names or errs else "")
@@ -174,6 +215,38 @@ def _rank_errors(outdir, names):
     return "\n".join(msgs)
 
 
+def _permute(batch, perm):
+    """Every tensor of the batch with its rows (dim 0) in the order perm."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        if batch.shape[0] != len(perm):
+            raise ValueError(f"the permuted reference needs every tensor of the batch to have {len(perm)} rows on "
+                             f"dim 0, one has {tuple(batch.shape)}: pass references=1")
+        return batch[perm]
+    return type(batch)(_permute(b, perm) for b in batch)
+
+
+def _rows(batch):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    for b in batch:
+        return _rows(b)
+    raise ValueError("an empty batch")
+
+
+def permutation(n):
+    """The permuted reference's row order: a fixed seeded permutation of n rows (never the identity for n > 1)."""
+    import torch
+
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(PERMUTATION_SEED))
+    if n > 1 and bool((perm == torch.arange(n)).all()):
+        perm = perm.roll(1)
+    return perm
+
+
 def _shard(batch, rank, world):
     import torch
 
@@ -218,7 +291,8 @@ def _find_unused(model, step, shard, rank, world, setting):
     return bool(flag.item())
 
 
-def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread):
+def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
+                references=2):
     name = "ref" if rank is None else f"rank{rank}"
     try:
         if one_thread:
@@ -228,15 +302,28 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
         import torch
         import torch.distributed as dist
 
-        from .dump import LocalGradCapture, dump_grads, track_precision
+        from .dump import LocalGradCapture, dump_grads, track
 
         make_model, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
         if rank is None:  # the single-process reference: no process group, the whole batch
+            t0 = time.perf_counter()
             torch.manual_seed(seed)
             model = make_model()
-            track_precision(model)
+            track(model)
             step(model, batch, 0, 1).backward()
             dump_grads(model, os.path.join(outdir, "ref.safetensors"), rank=0, world=1, precision=precision)
+            times = [time.perf_counter() - t0]
+            if references == 2:  # the same step, re-seeded identically, its rows in another order: the noise
+                t0 = time.perf_counter()
+                torch.manual_seed(seed)
+                model = make_model()
+                track(model)
+                step(model, _permute(batch, permutation(_rows(batch))), 0, 1).backward()
+                dump_grads(model, os.path.join(outdir, "ref-permuted.safetensors"), rank=0, world=1,
+                           precision=precision, extra_metadata={"gradcheck.order": "permuted"})
+                times.append(time.perf_counter() - t0)
+            with open(os.path.join(outdir, "ref-times.json"), "w") as f:
+                json.dump(times, f)
             return
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world,
@@ -278,7 +365,7 @@ def _start_method(start_method, payload):
 
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
-              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True):
+              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -295,9 +382,17 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     find_unused_parameters: DDP's flag, or "auto" (default): True only when a probe step on a copy of the
     model leaves some trainable parameter without a gradient on some rank (True breaks a model whose
     forward returns a parameter itself, e.g. open_clip's SigLIP logit_bias: "marked ready twice").
+    references=2 (default): the reference process computes the step twice, the second time re-seeded identically
+    with the batch's rows permuted (one fixed seeded permutation, every tensor of the batch alike, on dim 0):
+    ref-permuted.safetensors (`gradcheck.order=permuted`). Mathematically the same gradient when the loss does not
+    depend on the rows' order; what the two disagree by is each tensor's own rounding noise, which `check --ref A
+    --ref B` measures. references=1: the reference once (a step whose loss depends on the row order).
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
-    reduced/, local/, ref.safetensors, and after a failure report.json and ticket.md; the exception names it.
+    reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
+    the exception names it.
     """
+    if references not in (1, 2):
+        raise ValueError(f"references must be 1 or 2, not {references!r}")
     bin_path = find_binary(binary)  # before any rank starts
     import torch.multiprocessing as mp
 
@@ -319,7 +414,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
         procs = [ctx.Process(target=_ddp_worker, daemon=True,
                              args=(r, world, payload, seed, outdir, initfile, timeout, precision,
-                                   find_unused_parameters, one_thread)) for r in ranks]
+                                   find_unused_parameters, one_thread, references)) for r in ranks]
         for p in procs:
             p.start()
         try:
@@ -334,9 +429,11 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
             shown = ", ".join(f"{n}: {'killed' if c is None else c}" for n, c in zip(names, codes))
             raise HarnessError(f"{what}: exit codes {shown}\n{errors}\n{_kept(outdir)}", outdir)
         # both stages in one check: the local dumps say which ranks gave no gradient before the all-reduce
+        refs = [os.path.join(outdir, "ref.safetensors")]
+        if references == 2:
+            refs.append(os.path.join(outdir, "ref-permuted.safetensors"))
         rc, report, text = run_check([os.path.join(outdir, "reduced"), os.path.join(outdir, "local")],
-                                     ref=os.path.join(outdir, "ref.safetensors"),
-                                     ignore=ignore, tol=tol, binary=bin_path,
+                                     ref=refs, ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, what, outdir, bin_path)
         ok = True
@@ -388,18 +485,34 @@ def _run_group(cmd, env, timeout, what, outdir):
 
 
 def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
-                    precision=None, find_unused_parameters=True):
+                    precision=None, find_unused_parameters=True, accumulate_grad_batches=1, references=2):
     """Checks one Lightning training step (Trainer, CPU, devices=world, strategy "ddp" -- with
     find_unused_parameters=True (default) "ddp_find_unused_parameters_true" --, max_steps=1, GradcheckDump at
     step 0) against the same module trained with devices=1 (no process group) on the whole batch.
 
     make_module(): a LightningModule with training_step(batch, batch_idx) returning the loss and
-    configure_optimizers. make_batch(): the global batch, a tensor or tuple of tensors; each rank
-    gets len/world samples of it (Lightning's DistributedSampler, without shuffling). Both must be
+    configure_optimizers. make_batch(): the global batch, a tensor or tuple of tensors. Both must be
     importable top-level functions: each Trainer runs in a fresh `python -m gradcheck_dist._lightning_run`.
-    precision: recorded in the dumps (GradcheckDump's; None: trainer.precision and what the dump sees).
+    Rows: the ranks' Trainer runs with use_distributed_sampler=False (Lightning's own DistributedSampler shuffles:
+    the reference would see other rows) and each rank gets exactly its rows: rank r the r-th of `world` equal
+    slices (check_ddp's split).
+    precision: the Trainers' precision ("32-true", "bf16-mixed", ...: passed to both Trainers and recorded in the
+    dumps; None: Lightning's default, and the dumps record what they see).
+    accumulate_grad_batches=K: the ranks run K micro-batches each (the batch in K * world equal chunks, rank r's
+    micro-batch i the chunk i * world + r); the reference runs on devices=1 with the same K, its micro-batch i
+    every rank's i-th micro-batch in rank order. The objective both compute is the mean over the K micro-batches
+    of the loss on micro-batch i of the whole world (Lightning divides each micro-batch's loss by K): the same
+    gradient when a rank's loss is its rows' mean (or a loss over the gathered micro-batch).
+    references=2 (default): the reference Trainer runs a second time on the same rows, permuted within each
+    micro-batch (ref-permuted/rank0.safetensors, `gradcheck.order=permuted`), and check reads both (--ref A --ref
+    B: each tensor's rounding noise measured); 1: one reference.
     workdir as for check_ddp: kept, with report.json and ticket.md, after a failure, and named in the exception.
     """
+    if references not in (1, 2):
+        raise ValueError(f"references must be 1 or 2, not {references!r}")
+    accumulate_grad_batches = int(accumulate_grad_batches)
+    if accumulate_grad_batches < 1:
+        raise ValueError(f"accumulate_grad_batches must be >= 1, not {accumulate_grad_batches}")
     bin_path = find_binary(binary)  # before any Trainer starts
     args = [_qualname(make_module), _qualname(make_batch), str(seed)]
     own = workdir is None
@@ -412,14 +525,19 @@ def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=Non
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env["GRADCHECK_PL_PRECISION"] = "" if precision is None else str(precision)
         env["GRADCHECK_PL_FIND_UNUSED"] = "1" if find_unused_parameters else "0"
+        env["GRADCHECK_PL_ACCUMULATE"] = str(accumulate_grad_batches)
+        env["GRADCHECK_PL_WORLD"] = str(world)
+        env["GRADCHECK_PL_REFERENCES"] = str(references)
         for w, d in ((world, "ranks"), (1, "ref")):
             cmd = [sys.executable, "-m", "gradcheck_dist._lightning_run", *args, str(w), os.path.join(outdir, d)]
             _run_group(cmd, env, timeout, f"check_lightning devices={w}", outdir)
         ranks = os.path.join(outdir, "ranks")   # and ranks/local (GradcheckDump under DDP): both stages in one check
         local = os.path.join(ranks, "local")
+        refs = [os.path.join(outdir, "ref", "rank0.safetensors")]
+        if references == 2:
+            refs.append(os.path.join(outdir, "ref-permuted", "rank0.safetensors"))
         rc, report, text = run_check([ranks, local] if os.path.isdir(local) else ranks,
-                                     ref=os.path.join(outdir, "ref", "rank0.safetensors"),
-                                     ignore=ignore, tol=tol, binary=bin_path,
+                                     ref=refs, ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, f"check_lightning world {world}", outdir, bin_path)
         ok = True

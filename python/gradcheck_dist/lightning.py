@@ -58,19 +58,24 @@ class _GradcheckDump:
     devices=N and once with devices=1 (the reference, same seed and global batch), then
     `gradcheck-dist check DIRPATH --ref REFDIR/rank0.safetensors`. The precision recorded is
     `precision` when given, else the coarser of trainer.precision and what the dump sees (autocast, dtypes).
-    Sharded strategies (FSDP) write each rank's shard of every original parameter.
+    It tracks the module (gradcheck_dist.track) from the dumped step's first micro-batch: the dump records which
+    parameters' modules ran, the dropout layers and the plain BatchNorm layers of that step.
+    Sharded strategies (FSDP) write each rank's shard of every original parameter. extra_metadata: more
+    metadata for the dumps (e.g. {"gradcheck.order": "permuted"} for a reference run on permuted rows).
     """
 
-    def __init__(self, dirpath, step=0, stage="reduced", dtype=None, writer=None, precision=None):
+    def __init__(self, dirpath, step=0, stage="reduced", dtype=None, writer=None, precision=None, extra_metadata=None):
         self.dirpath, self.step, self.stage, self.dtype, self.writer = os.fspath(dirpath), step, stage, dtype, writer
         self.precision = precision
+        self.extra_metadata = dict(extra_metadata or {})
         self.written = None
         self._local = None   # LocalGradCapture during the dumped step (DDP only)
+        self._started = False
 
     def on_fit_start(self, trainer, pl_module):
-        from .dump import track_precision
+        from .dump import track
 
-        track_precision(pl_module)
+        track(pl_module)
 
     def _precision(self, trainer, pl_module):
         from .dump import coarsest, infer_precision, precision_name
@@ -86,11 +91,16 @@ class _GradcheckDump:
         return coarsest([theirs, infer_precision(pl_module, grads)])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.written is not None or self._local is not None or trainer.global_step != self.step:
+        if self.written is not None or self._started or trainer.global_step != self.step:
             return   # every other batch: nothing to do
         import torch
 
-        from .dump import LocalGradCapture
+        from .dump import LocalGradCapture, _tracked
+
+        self._started = True
+        t = _tracked(pl_module)
+        if t is not None:
+            t.clear()   # the record of the dumped step only, from its first micro-batch
 
         if isinstance(getattr(trainer.strategy, "model", None), torch.nn.parallel.DistributedDataParallel):
             self._local = LocalGradCapture(pl_module)   # from the step's first micro-batch
@@ -100,7 +110,8 @@ class _GradcheckDump:
 
         should_accumulate = getattr(trainer.fit_loop, "_should_accumulate", lambda: False)
         if self.written is None and trainer.global_step == self.step and not should_accumulate():
-            name, meta = f"rank{trainer.global_rank}.safetensors", {"gradcheck.step": trainer.global_step}
+            name = f"rank{trainer.global_rank}.safetensors"
+            meta = dict(self.extra_metadata, **{"gradcheck.step": trainer.global_step})
             precision = self._precision(trainer, pl_module)
             self.written = dump_grads(pl_module, os.path.join(self.dirpath, name), stage=self.stage,
                                       rank=trainer.global_rank, world=trainer.world_size, dtype=self.dtype,

@@ -212,7 +212,7 @@ def test_lightning_all_gather_sync_grads_should_pass():
 
 def test_snippet_should_name_both_recipes():
     s = gradcheck_dist.snippet()
-    assert "dump_grads" in s and "GradcheckDump" in s and "gradcheck-dist check" in s and len(s.splitlines()) == 10
+    assert "dump_grads" in s and "GradcheckDump" in s and "gradcheck-dist check" in s and "track(" in s and "ref-permuted" in s and len(s.splitlines()) == 10
 
 
 def test_spawned_ranks_should_work_too():
