@@ -41,6 +41,20 @@ def gen(seed=1):
     return torch.Generator().manual_seed(seed)
 
 
+# run_pattern's second reference (issue 32): the same world-1 step with every batch's rows in the
+# harness's fixed permuted order, dumped beside the first (ref-permuted.safetensors)
+_PERMUTED = False
+
+
+def rows(batch):
+    """The batch as the reference of run_pattern sees it: in order, or permuted for the second reference."""
+    if not _PERMUTED:
+        return batch
+    from gradcheck_dist.harness import _permute, permutation
+
+    return _permute(batch, permutation(batch[0].shape[0]))
+
+
 # ---- Hugging Face transformers: BERT and GPT-2, 2 layers, hidden 32, dropout 0
 
 
@@ -65,7 +79,7 @@ def make_bert_mlm():
 
 def bert_batch(n=16, seq=8):
     g = gen()
-    return torch.randint(0, 64, (n, seq), generator=g), torch.randint(0, 3, (n,), generator=g)
+    return rows((torch.randint(0, 64, (n, seq), generator=g), torch.randint(0, 3, (n,), generator=g)))
 
 
 def step_bert_cls(model, batch, rank, world):
@@ -161,7 +175,7 @@ def make_vit():
 
 def image_batch(n=16):
     g = gen()
-    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 5, (n,), generator=g)
+    return rows((torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 5, (n,), generator=g)))
 
 
 def step_vit(model, batch, rank, world):
@@ -187,7 +201,7 @@ def make_siglip():
 
 def clip_batch(n=16):
     g = gen()
-    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(1, 64, (n, 8), generator=g)
+    return rows((torch.randn(n, 3, 32, 32, generator=g), torch.randint(1, 64, (n, 8), generator=g)))
 
 
 def _clip_step(model, batch, loss):
@@ -252,7 +266,7 @@ def make_mlp():
 
 def mlp_batch(n=256):
     g = gen()
-    return torch.randn(n, 32, generator=g), torch.randn(n, 4, generator=g)
+    return rows((torch.randn(n, 32, generator=g), torch.randn(n, 4, generator=g)))
 
 
 def step_mlp(model, batch, rank, world):
@@ -381,12 +395,21 @@ def run_pattern(pattern, world=WORLD, timeout=240, ignore=()):
     errors = [open(os.path.join(outdir, f)).read() for f in sorted(os.listdir(outdir)) if f.startswith("error-rank")]
     if hung or any(p.exitcode for p in procs):
         raise RuntimeError(f"ranks hung {hung}, exit codes {[p.exitcode for p in procs]}:\n" + "\n".join(errors))
+    global _PERMUTED
     pattern(0, 1, outdir)
-    return run_check(os.path.join(outdir, "reduced"), ref=os.path.join(outdir, "ref.safetensors"), ignore=ignore)
+    _PERMUTED = True   # the second reference: the same step, the batch's rows permuted
+    try:
+        pattern(0, 1, outdir)
+    finally:
+        _PERMUTED = False
+    refs = [os.path.join(outdir, "ref.safetensors"), os.path.join(outdir, "ref-permuted.safetensors")]
+    return run_check(os.path.join(outdir, "reduced"), ref=refs, ignore=ignore)
 
 
 def dump_path(outdir, rank, world):
-    return os.path.join(outdir, "ref.safetensors") if world == 1 else os.path.join(outdir, "reduced", f"rank{rank}.safetensors")
+    if world == 1:
+        return os.path.join(outdir, "ref-permuted.safetensors" if _PERMUTED else "ref.safetensors")
+    return os.path.join(outdir, "reduced", f"rank{rank}.safetensors")
 
 
 def _shard(t, rank, world):
