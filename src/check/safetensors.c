@@ -406,13 +406,16 @@ static void on_sigbus(int sig) {
     raise(sig);
 }
 
-void gcd_st_guard_install(void) {
-    static int done;
-    if (done) return;
+static void guard_install_once(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigbus;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, NULL);
-    done = 1;
+}
+
+// once per process, whichever thread comes first (pthread_once: no shared flag read and written unlocked)
+void gcd_st_guard_install(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, guard_install_once);
 }

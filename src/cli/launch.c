@@ -269,7 +269,24 @@ typedef struct {
     char why[256];
 } watch;
 
+// mpirun's exit seen without reaping it (waitid WNOWAIT), then, with the forwarded signals blocked,
+// mpirun_pid cleared and mpirun reaped: no handler can signal its group id once that id may be reused.
+// 1 when reaped (*status set); 0 when still running (WNOHANG) or on an error (errno set).
+static int reap(pid_t pid, int *status, int flags) {
+    siginfo_t si = { 0 };
+    if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT | flags) < 0 || si.si_pid != pid) return 0;
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM), sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    mpirun_pid = 0;
+    int r = waitpid(pid, status, 0) == pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
 static void end_job(watch *w, pid_t pid, const char *why) {
+    if (mpirun_pid <= 0) return;   // reaped: its group id is no longer ours
     if (w->ending_at > 0 || w->killed) return;
     snprintf(w->why, sizeof w->why, "%s", why);
     w->ending_at = mono();
@@ -279,7 +296,7 @@ static void end_job(watch *w, pid_t pid, const char *why) {
 static void kill_job(watch *w, pid_t pid) {
     if (w->killed) return;
     w->killed = 1;
-    kill(-pid, SIGKILL);
+    if (mpirun_pid > 0) kill(-pid, SIGKILL);   // never a group id after mpirun was reaped (it may be another's)
     kill_ranks(w->dir, w->exe);
 }
 
@@ -318,8 +335,7 @@ static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status, watch *
         if (r < 0 && errno == EINTR) continue;
         if (r == 0) {
             if (reaped) return 1;
-            reaped = waitpid(pid, status, WNOHANG) == pid;
-            if (reaped) mpirun_pid = 0;   // its pid may be reused: forward no signal to it
+            reaped = reap(pid, status, WNOHANG);   // its pid may be reused: forward no signal to it
             continue;
         }
         ssize_t k = read(fd, buf, sizeof buf);
@@ -545,6 +561,7 @@ int launch(const options *o, int argc, char **argv) {
     struct sigaction sa = { .sa_handler = forward_signal }, old[3];
     sigemptyset(&sa.sa_mask);
     static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
+    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, forwarded[i]);   // one handler at a time: signals++ never loses a count
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
     signal(SIGPIPE, SIG_IGN);   // a closed stderr is EPIPE to forward_stderr, not the launcher's death
     pid_t parent = getpid(), pid = fork();
@@ -578,9 +595,8 @@ int launch(const options *o, int argc, char **argv) {
     time_t started = time(NULL);
     int reaped = forward_stderr(err_pipe[0], &log, pid, &status, &wt);
     close(err_pipe[0]);
-    while (!reaped && waitpid(pid, &status, 0) < 0)
+    while (!reaped && !(reaped = reap(pid, &status, 0)))
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
-    mpirun_pid = 0;
     if (log.n) log.line[log.n] = 0, scan_line(&log);   // a last line without its newline
     int code = -1;
     FILE *f = fopen(result, "r");
