@@ -93,6 +93,7 @@ int main(int argc, char **argv) {
     options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc;
+    if ((rc = mpi_env_refusal())) return rc;
     if ((rc = pmi_unusable())) return rc;   // before MPI_Init, which would abort
     return gcd_mpi_inside_job() ? run_rank(&o, argc, argv) : launch(&o, argc, argv);
 }

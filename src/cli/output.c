@@ -103,6 +103,13 @@ void say(const char *prefix, const char *text) {
     free(t);
 }
 
+// "PREFIX PATH" and a newline, the path escaped as say() escapes: a --json path is the user's bytes
+void put_path(FILE *f, const char *prefix, const char *path) {
+    char *t = gcd_term_str(path);
+    fprintf(f, "%s%s\n", prefix, t);
+    free(t);
+}
+
 // What mpirun forwarded for the ranks (the table, --json -, the progress) went to the launcher's stdout
 // and stderr, whose write errors only mpirun saw: a stream that cannot take it makes the code 3.
 int launcher_streams_code(int code) {
