@@ -70,8 +70,8 @@ int mpi_env_refusal(void);   // OMPI_COMM_WORLD_SIZE/RANK not as mpirun writes t
 int pmi_unusable(void);   // srun --mpi=pmi2: says so (task 0) and returns 3; 0 otherwise
 // rank.c
 int run_rank(const options *o, int argc, char **argv);
-double now(void);
 // output.c
+double now(void);                        // seconds, monotonic
 int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds);
 int default_report_path(char *path, size_t len);
 void std_fds_guard(void);                // main's first call: a closed 0-2 held by /dev/null, read-only

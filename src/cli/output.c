@@ -18,6 +18,12 @@
 
 #include "cli.h"
 
+double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 // The files a run or check leaves, each whole or absent: the JSON report at json, then the JUnit XML
 // rendered from the same document at junit ("" for none). A failed write is a runtime failure: the code
 // becomes 3, the document says why, and the JSON, when already written, is written again to say so.

@@ -68,12 +68,6 @@ static void rank0_signal(int sig) {
     _exit(128 + sig);
 }
 
-double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // ----------------------------------------------------------------------------
 // progress on stderr, rank 0 only: on a terminal one line rewritten in place (probe, mode, step k/N,
 // elapsed); otherwise one line as each probe and mode ends
