@@ -380,6 +380,7 @@ static int meta_list(const gcd_st_file *f, const char *key, char ***out, int *n,
 
 // the distinct strings of list, sorted; joined with ", " into *words when words is given
 static void distinct(char **list, int *n, char **words) {
+    if (!*n) return;   // list may be NULL: no qsort(NULL, 0)
     qsort(list, (size_t)*n, sizeof *list, by_str);
     int k = 0;
     for (int i = 0; i < *n; i++) {
