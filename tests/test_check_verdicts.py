@@ -257,6 +257,25 @@ def check_timeout_stops_a_long_scan_with_exit_3():
     expect([d, "--ref", refp, "--timeout", "0"], 2, "--timeout")
 
 
+@case
+def check_timeout_stops_a_sharded_scan_that_skips_gaps():
+    # review: --timeout looked at the clock where the element index was a multiple of 64 chunks; runs
+    # of ranks between the gaps of ranks without one (skipped) that avoid those indices were never timed:
+    # 8 runs of 63 chunks (2M elements), exit 1 under --timeout 0.000001
+    d = fresh("timeout_gaps")
+    chunk, world, names = 4096, 16, ["w"]
+    n = chunk * 64 * 8
+    for k in range(world):
+        m = w.meta(k, world, "reduced", names)
+        g = {"w": None}
+        if k < 8:   # chunks 64k+1 .. 64k+63: never one whose index is a multiple of 64
+            m["gradcheck.shards"] = json.dumps({"w": {"shape": [n], "start": chunk * (64 * k + 1)}})
+            g = {"w": rnd(chunk * 63)}
+        w.write_dump(f"{d}/r{k}.safetensors", g, metadata=m, params=names)
+    expect([d, "--timeout", "0.000001"], 3, "--timeout", "'w'")
+    expect([d, "--timeout", "600"], 1, "w has a gradient on 8 of 16 ranks")
+
+
 def bf16_like(d, scale, precision="bf16", bias=1.0):
     """F32 dumps of a step computed in bf16: per-element errors of ~2e-3 against the reference"""
     ref = {"l1.weight": rnd(64, 32, scale=1e-2), "l1.bias": rnd(64, scale=1e-2), "l2.weight": rnd(8, 64, scale=3e-2)}

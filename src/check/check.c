@@ -834,6 +834,7 @@ typedef struct {
     const unsigned char *inl;
     uint64_t *hashed;          // (world + 2) how far into file k they are
     double deadline;           // mono() past which the scan stops (--timeout); 0: none
+    uint64_t nlate;            // chunks late() has been asked about (the clock is read every 64th)
     const char *param;         // the parameter being scanned, for the message
     char *err;
     size_t len;
@@ -964,9 +965,10 @@ static double mono(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// 3 once the scan is past --timeout (looked at every 64 chunks: a clock read per 256 Ki elements)
-static int late(scan *s, uint64_t at) {
-    if (!s->deadline || (at / CHUNK) % 64 || mono() <= s->deadline) return 0;
+// 3 once the scan is past --timeout (looked at every 64 chunks read: a clock read per 256 Ki elements;
+// counted, not taken from the element index, which skipped gaps can keep off every 64th chunk)
+static int late(scan *s) {
+    if (!s->deadline || s->nlate++ % 64 || mono() <= s->deadline) return 0;
     snprintf(s->err, s->len, "stopped: the scan took longer than --timeout allows (at '%.80s')", (const char *)s->param);
     return 3;
 }
@@ -985,14 +987,14 @@ static int scan_param(scan *s, gcd_param_result *p) {
     for (uint64_t at = 0; p->nhave && at < p->n; at += CHUNK) {
         if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
         size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-        if ((rc = late(s, at)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
+        if ((rc = late(s)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
         gcd_sums_add(&sums, s->g, r, b, m, at);
     }
     if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
             const unsigned char *bt = bytes(s, W, at, m);
-            if ((rc = late(s, at)) || !bt) return rc ? rc : 2;
+            if ((rc = late(s)) || !bt) return rc ? rc : 2;
             rank_acc a = { 0 };
             take(TAKE_FIRST, s->t[W]->dtype, bt, m, s->r, &a, NULL);
             sums.rr += a.sq;
@@ -1004,7 +1006,7 @@ static int scan_param(scan *s, gcd_param_result *p) {
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-            if ((rc = late(s, at)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
+            if ((rc = late(s)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
             gcd_sums_resid(&sums, s->g, r, m);
         }
     double g0 = p->first >= 0 ? sqrt(s->sq[p->first]) : 0;
