@@ -93,6 +93,21 @@ def key_bias_noise_is_undecided_with_one_reference_ok_with_two():
 
 
 @case
+def second_reference_that_overflows_measures_no_noise():
+    # review: an F64 value beyond 1e154 in the second reference made ||A - B||^2 infinite: every error was
+    # within k x infinite noise, a negated gradient passed (exit 0, "max relative error 0", no sensitivity).
+    # Like a NaN or infinity there, such a value measures no noise: the negation is a finding.
+    d = fresh("ref2_overflow")
+    g = rnd(64, dtype=np.float64)
+    b = g.copy()
+    b[3] = 1e200
+    refp = world_of(d, [{"w": -g}, {"w": -g}], {"w": g}, ref2={"w": b})
+    text, rep = expect([d, "--ref", refp, "--ref", f"{d}.ref2.safetensors"], 1, "w: negated", report=True)
+    need(status(rep)["w"] == "mismatch", f"statuses {status(rep)}")
+    need(params(rep)["w"]["tol_source"] == "claimed", f"w: {params(rep)['w']}")
+
+
+@case
 def noise_floor_keeps_a_small_real_gradient():
     # a head whose gradient is ~1e-3 of the rest, loss summed over the shard: still x0.25 and named; a
     # small head that is wrong (not a multiple) is still a mismatch
