@@ -582,7 +582,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         for (int k = 0; both && k < set->world; k++) set->local[k] = files[owner[W + k]], files[owner[W + k]].fd = -1, files[owner[W + k]].path = NULL;
         if (both) set->stage = gcd_st_meta(&set->rank[0], "gradcheck.stage");   // the string now lives in set->rank
         plist[f0] = NULL;   // kept as params
-    } else if (n) plist[f0] = NULL;
+    } else if (n && params == plist[f0]) plist[f0] = NULL;   // kept as params only where it became them
     for (int i = 0; i < n; i++) {
         if (files[i].path) gcd_st_close(&files[i]);
         if (plist[i]) free_strs(plist[i], pn[i]);
