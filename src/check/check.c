@@ -332,11 +332,12 @@ static int load_ref(const gcd_check_opts *o, const char *path, gcd_st_file *ref,
 
 // The precision the step computed in, as every file records it (gradcheck.precision): one claim for all,
 // or none at all. A file that claims another, or claims where the others do not, would loosen or tighten
-// the verdict on every tensor of every file: refused, naming both files.
-static int agreed_precision(gcd_check_set *set, double *tol, char *err, size_t len) {
+// the verdict on every tensor of every file: refused, naming both files. With --tol (given) no claim
+// is read: they need not agree, and none is the run's.
+static int agreed_precision(gcd_check_set *set, int given, double *tol, char *err, size_t len) {
     const gcd_st_file *first = NULL, *bare = NULL;
     const char *canon = NULL;
-    int W = set->world;
+    int W = set->world, mixed = 0;
     for (int i = 0; i < nfiles(set) + (set->local ? W : 0); i++) {
         const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
         if (!f) continue;
@@ -346,14 +347,17 @@ static int agreed_precision(gcd_check_set *set, double *tol, char *err, size_t l
         if (v && !c) return fail(err, len, "%s: metadata gradcheck.precision is '%.20s', expected fp64, fp32, tf32, bf16 or fp16", f->path, v);
         if (!v) { bare = bare ? bare : f; continue; }
         if (!first) { first = f, canon = c, *tol = t; continue; }
-        if (strcmp(c, canon))
+        if (strcmp(c, canon) && given) mixed = 1;
+        else if (strcmp(c, canon))
             return fail(err, len, "%s records gradcheck.precision=%s, but %s records %s: the files of one check must agree on the precision the "
                                   "step computed in (dump every rank and the references alike, or give --tol)", f->path, c, first->path, canon);
     }
-    if (first && bare)
+    if (first && bare && given) mixed = 1;
+    else if (first && bare)
         return fail(err, len, "%s records gradcheck.precision=%s, but %s records none: the files of one check must agree on the precision the "
                               "step computed in (dump every rank and the references alike, or give --tol)", first->path, canon, bare->path);
-    set->precision = canon;
+    set->precision = mixed ? NULL : canon;
+    if (mixed) *tol = 0;
     return 0;
 }
 
@@ -614,7 +618,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;
-    if ((rc = agreed_precision(set, &prec_tol, err, len)) || (rc = load_recorded(set, err, len))) return rc;
+    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len))) return rc;
 
     // per parameter: one shape everywhere, and its own tolerance: the coarsest of its own dtypes and the
     // precision the step computed in (autocast computes in bf16 what it stores as F32). One tensor's
