@@ -537,6 +537,38 @@ def partial_20k_params_is_not_quadratic():
 
 
 @case
+def hsdp_replicas_found_without_a_pass_per_rank():
+    # review: each rank's replica (HSDP) was looked for among every earlier rank, W^2 per sharded
+    # parameter: 4,000 ranks x 100 one-element runs took 17 s under ASan here (8.5 s of it that search);
+    # sorted by run, 8.4 s. A guard, not a timing: the bound is loose. The replicas' first holder is
+    # still the lowest rank of each run, whatever the ranks' order.
+    d = fresh("hsdp_order")
+    full = rnd(4, 6)
+    flat = full.reshape(-1)
+    runs = [(12, 24), (0, 12), (0, 12), (12, 24), (12, 24), (0, 12)]   # 3 replicas of 2 shards, unsorted
+    for k, (a, b) in enumerate(runs):
+        m = w.meta(k, 6, "reduced", ["w"])
+        m["gradcheck.shards"] = json.dumps({"w": {"shape": [4, 6], "start": a}})
+        w.write_dump(f"{d}/r{k}.safetensors", {"w": flat[a:b] * np.float32(0.5 if k == 4 else 1)}, metadata=m, params=["w"])
+    refp = w.write_dump(f"{d}.ref.safetensors", {"w": full}, metadata=w.meta(0, 1, "reduced", ["w"]), params=["w"])
+    text, rep = expect([d, "--ref", refp], 1, "between rank 0 and rank 4", report=True)
+    need(status(rep)["w"] == "disagree", f"statuses {status(rep)}")
+    d = fresh("hsdp4000")
+    W, names = 4000, [f"p{j}" for j in range(100)]
+    for k in range(W):
+        m = w.meta(k, W, "reduced", names)
+        m["gradcheck.shards"] = json.dumps({n: {"shape": [W], "start": k} for n in names})
+        w.write_dump(f"{d}/r{k:04d}.safetensors", {n: np.ones(1, np.float32) for n in names}, metadata=m, params=names)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    t0 = time.monotonic()
+    p = subprocess.run([t.BIN, "check", d, "--no-json"], capture_output=True, timeout=120, preexec_fn=limit)
+    print(f"# hsdp4000: {time.monotonic() - t0:.1f} s")
+    need(p.returncode == 0, f"exit {p.returncode}: {(p.stdout + p.stderr).decode(errors='replace')[-600:]}")
+
+
+@case
 def three_thousand_dumps_under_ulimit_1024():
     # a rank's dump is mapped, then its descriptor closed: 3,000 files under `ulimit -n 1024`
     d = fresh("dumps3000")

@@ -832,6 +832,7 @@ typedef struct {
     int sharded;               // this parameter: g is the ranks' runs side by side (FSDP), each from start[k]
     uint64_t *start;           // (world)
     int *twin;                 // (world) sharded: the first rank holding the same run (an HSDP replica), or -1
+    int *held;                 // (world) sharded: the ranks holding a non-empty run, sorted by run (by_held)
     double *g, *r, *r2, *tmp;  // (CHUNK) r2: the second reference
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2 (sharded: - its twin's)
     XXH3_state_t *xxh;         // (world + 2) the digests the scan makes (hash_to), where inl[k]
@@ -950,6 +951,14 @@ static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     return 0;
 }
 
+// ranks by their run (start, length), then by rank: each run's first holder leads its replicas
+static int by_held(const void *x, const void *y, void *arg) {
+    const scan *s = arg;
+    int a = *(const int *)x, b = *(const int *)y;
+    uint64_t sa = s->start[a], sb = s->start[b], na = s->t[a]->n, nb = s->t[b]->n;
+    return sa != sb ? (sa < sb ? -1 : 1) : na != nb ? (na < nb ? -1 : 1) : a - b;
+}
+
 // sharded, with no reference to read: the first element at or past `at` that some rank's run holds
 // (the gaps of ranks without a gradient are zeros, which add nothing to the sums)
 static uint64_t next_held(const scan *s, uint64_t at, uint64_t n) {
@@ -1049,7 +1058,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.r2 = gcd_malloc(CHUNK * sizeof(double));
     s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
-    s.start = gcd_malloc((size_t)W * sizeof *s.start), s.twin = gcd_malloc((size_t)W * sizeof *s.twin);
+    s.start = gcd_malloc((size_t)W * sizeof *s.start), s.twin = gcd_malloc((size_t)W * sizeof *s.twin), s.held = gcd_malloc((size_t)W * sizeof *s.held);
     s.deadline = o->timeout > 0 ? mono() + o->timeout : 0;
 
     unsigned char *inl = gcd_malloc((size_t)NF);
@@ -1131,10 +1140,17 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
             }
             p->ndim = full->ndim, p->n = full->numel;
             for (int d = 0; d < full->ndim; d++) p->shape[d] = full->shape[d];
-            for (int k = 0; k < W; k++) {   // HSDP: replicas of one run are compared with its first holder
+            // HSDP: replicas of one run are compared with its first holder; the ranks sorted by run, not a
+            // pass over the earlier ranks per rank (W^2: seconds per parameter at a few thousand ranks)
+            int nheld = 0;
+            for (int k = 0; k < W; k++) {
                 s.twin[k] = -1;
-                for (int q = 0; q < k && s.t[k] && s.t[k]->n && s.twin[k] < 0; q++)
-                    if (s.t[q] && s.start[q] == s.start[k] && s.t[q]->n == s.t[k]->n) s.twin[k] = q;
+                if (s.t[k] && s.t[k]->n) s.held[nheld++] = k;
+            }
+            qsort_r(s.held, (size_t)nheld, sizeof *s.held, by_held, &s);
+            for (int i = 1; i < nheld; i++) {
+                int q = s.held[i - 1], k = s.held[i];
+                if (s.start[q] == s.start[k] && s.t[q]->n == s.t[k]->n) s.twin[k] = s.twin[q] >= 0 ? s.twin[q] : q;
             }
         }
         p->diff_base = p->first;
@@ -1158,7 +1174,7 @@ done:
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
     if (!rc && set->has_ref2 && gcd_st_unchanged(&set->ref2, err, len)) rc = 2;
-    free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.xxh), free(s.hashed), free(inl);
+    free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.held), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;
 }
