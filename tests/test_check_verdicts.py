@@ -93,6 +93,21 @@ def key_bias_noise_is_undecided_with_one_reference_ok_with_two():
 
 
 @case
+def second_reference_that_overflows_measures_no_noise():
+    # review: an F64 value beyond 1e154 in the second reference made ||A - B||^2 infinite: every error was
+    # within k x infinite noise, a negated gradient passed (exit 0, "max relative error 0", no sensitivity).
+    # Like a NaN or infinity there, such a value measures no noise: the negation is a finding.
+    d = fresh("ref2_overflow")
+    g = rnd(64, dtype=np.float64)
+    b = g.copy()
+    b[3] = 1e200
+    refp = world_of(d, [{"w": -g}, {"w": -g}], {"w": g}, ref2={"w": b})
+    text, rep = expect([d, "--ref", refp, "--ref", f"{d}.ref2.safetensors"], 1, "w: negated", report=True)
+    need(status(rep)["w"] == "mismatch", f"statuses {status(rep)}")
+    need(params(rep)["w"]["tol_source"] == "claimed", f"w: {params(rep)['w']}")
+
+
+@case
 def noise_floor_keeps_a_small_real_gradient():
     # a head whose gradient is ~1e-3 of the rest, loss summed over the shard: still x0.25 and named; a
     # small head that is wrong (not a multiple) is still a mismatch
@@ -152,7 +167,10 @@ def precision_claims_must_agree_across_files():
         d = fresh(f"prec_{ranks_p}_{ref_p}")
         refp = world_of(d, [x, x], x, meta_extra={"gradcheck.precision": ranks_p} if ranks_p else None,
                         ref_meta_extra={"gradcheck.precision": ref_p} if ref_p else None)
-        expect([d, "--ref", refp], 2, "gradcheck.precision", "must agree")
+        expect([d, "--ref", refp], 2, "gradcheck.precision", "must agree", "or give --tol")
+        # review: the message's remedy, --tol (every tensor's tolerance, no claim read), was refused the same
+        text, rep = expect([d, "--ref", refp, "--tol", "1e-3"], 0, report=True)
+        need(rep["runs"][0]["precision"] is None, f"precision {rep['runs'][0]['precision']}")
     d = fresh("prec_one_rank")
     names = ["w"]
     for k in range(2):
@@ -255,6 +273,25 @@ def check_timeout_stops_a_long_scan_with_exit_3():
     expect([d, "--ref", refp, "--timeout", "0.000001"], 3, "--timeout", "'w'")
     expect([d, "--ref", refp, "--timeout", "600"], 0)
     expect([d, "--ref", refp, "--timeout", "0"], 2, "--timeout")
+
+
+@case
+def check_timeout_stops_a_sharded_scan_that_skips_gaps():
+    # review: --timeout looked at the clock where the element index was a multiple of 64 chunks; runs
+    # of ranks between the gaps of ranks without one (skipped) that avoid those indices were never timed:
+    # 8 runs of 63 chunks (2M elements), exit 1 under --timeout 0.000001
+    d = fresh("timeout_gaps")
+    chunk, world, names = 4096, 16, ["w"]
+    n = chunk * 64 * 8
+    for k in range(world):
+        m = w.meta(k, world, "reduced", names)
+        g = {"w": None}
+        if k < 8:   # chunks 64k+1 .. 64k+63: never one whose index is a multiple of 64
+            m["gradcheck.shards"] = json.dumps({"w": {"shape": [n], "start": chunk * (64 * k + 1)}})
+            g = {"w": rnd(chunk * 63)}
+        w.write_dump(f"{d}/r{k}.safetensors", g, metadata=m, params=names)
+    expect([d, "--timeout", "0.000001"], 3, "--timeout", "'w'")
+    expect([d, "--timeout", "600"], 1, "w has a gradient on 8 of 16 ranks")
 
 
 def bf16_like(d, scale, precision="bf16", bias=1.0):
@@ -497,6 +534,38 @@ def partial_20k_params_is_not_quadratic():
     rc, out, err = t.run([d, "--no-json"], timeout=60)
     print(f"# partial_20k: {time.monotonic() - t0:.1f} s")
     need(rc == 1, f"exit {rc}: {err[-400:]}")
+
+
+@case
+def hsdp_replicas_found_without_a_pass_per_rank():
+    # review: each rank's replica (HSDP) was looked for among every earlier rank, W^2 per sharded
+    # parameter: 4,000 ranks x 100 one-element runs took 17 s under ASan here (8.5 s of it that search);
+    # sorted by run, 8.4 s. A guard, not a timing: the bound is loose. The replicas' first holder is
+    # still the lowest rank of each run, whatever the ranks' order.
+    d = fresh("hsdp_order")
+    full = rnd(4, 6)
+    flat = full.reshape(-1)
+    runs = [(12, 24), (0, 12), (0, 12), (12, 24), (12, 24), (0, 12)]   # 3 replicas of 2 shards, unsorted
+    for k, (a, b) in enumerate(runs):
+        m = w.meta(k, 6, "reduced", ["w"])
+        m["gradcheck.shards"] = json.dumps({"w": {"shape": [4, 6], "start": a}})
+        w.write_dump(f"{d}/r{k}.safetensors", {"w": flat[a:b] * np.float32(0.5 if k == 4 else 1)}, metadata=m, params=["w"])
+    refp = w.write_dump(f"{d}.ref.safetensors", {"w": full}, metadata=w.meta(0, 1, "reduced", ["w"]), params=["w"])
+    text, rep = expect([d, "--ref", refp], 1, "between rank 0 and rank 4", report=True)
+    need(status(rep)["w"] == "disagree", f"statuses {status(rep)}")
+    d = fresh("hsdp4000")
+    W, names = 4000, [f"p{j}" for j in range(100)]
+    for k in range(W):
+        m = w.meta(k, W, "reduced", names)
+        m["gradcheck.shards"] = json.dumps({n: {"shape": [W], "start": k} for n in names})
+        w.write_dump(f"{d}/r{k:04d}.safetensors", {n: np.ones(1, np.float32) for n in names}, metadata=m, params=names)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    t0 = time.monotonic()
+    p = subprocess.run([t.BIN, "check", d, "--no-json"], capture_output=True, timeout=120, preexec_fn=limit)
+    print(f"# hsdp4000: {time.monotonic() - t0:.1f} s")
+    need(p.returncode == 0, f"exit {p.returncode}: {(p.stdout + p.stderr).decode(errors='replace')[-600:]}")
 
 
 @case

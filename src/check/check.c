@@ -332,11 +332,12 @@ static int load_ref(const gcd_check_opts *o, const char *path, gcd_st_file *ref,
 
 // The precision the step computed in, as every file records it (gradcheck.precision): one claim for all,
 // or none at all. A file that claims another, or claims where the others do not, would loosen or tighten
-// the verdict on every tensor of every file: refused, naming both files.
-static int agreed_precision(gcd_check_set *set, double *tol, char *err, size_t len) {
+// the verdict on every tensor of every file: refused, naming both files. With --tol (given) no claim
+// is read: they need not agree, and none is the run's.
+static int agreed_precision(gcd_check_set *set, int given, double *tol, char *err, size_t len) {
     const gcd_st_file *first = NULL, *bare = NULL;
     const char *canon = NULL;
-    int W = set->world;
+    int W = set->world, mixed = 0;
     for (int i = 0; i < nfiles(set) + (set->local ? W : 0); i++) {
         const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
         if (!f) continue;
@@ -346,14 +347,17 @@ static int agreed_precision(gcd_check_set *set, double *tol, char *err, size_t l
         if (v && !c) return fail(err, len, "%s: metadata gradcheck.precision is '%.20s', expected fp64, fp32, tf32, bf16 or fp16", f->path, v);
         if (!v) { bare = bare ? bare : f; continue; }
         if (!first) { first = f, canon = c, *tol = t; continue; }
-        if (strcmp(c, canon))
+        if (strcmp(c, canon) && given) mixed = 1;
+        else if (strcmp(c, canon))
             return fail(err, len, "%s records gradcheck.precision=%s, but %s records %s: the files of one check must agree on the precision the "
                                   "step computed in (dump every rank and the references alike, or give --tol)", f->path, c, first->path, canon);
     }
-    if (first && bare)
+    if (first && bare && given) mixed = 1;
+    else if (first && bare)
         return fail(err, len, "%s records gradcheck.precision=%s, but %s records none: the files of one check must agree on the precision the "
                               "step computed in (dump every rank and the references alike, or give --tol)", first->path, canon, bare->path);
-    set->precision = canon;
+    set->precision = mixed ? NULL : canon;
+    if (mixed) *tol = 0;
     return 0;
 }
 
@@ -380,6 +384,7 @@ static int meta_list(const gcd_st_file *f, const char *key, char ***out, int *n,
 
 // the distinct strings of list, sorted; joined with ", " into *words when words is given
 static void distinct(char **list, int *n, char **words) {
+    if (!*n) return;   // list may be NULL: no qsort(NULL, 0)
     qsort(list, (size_t)*n, sizeof *list, by_str);
     int k = 0;
     for (int i = 0; i < *n; i++) {
@@ -581,7 +586,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         for (int k = 0; both && k < set->world; k++) set->local[k] = files[owner[W + k]], files[owner[W + k]].fd = -1, files[owner[W + k]].path = NULL;
         if (both) set->stage = gcd_st_meta(&set->rank[0], "gradcheck.stage");   // the string now lives in set->rank
         plist[f0] = NULL;   // kept as params
-    } else if (n) plist[f0] = NULL;
+    } else if (n && params == plist[f0]) plist[f0] = NULL;   // kept as params only where it became them
     for (int i = 0; i < n; i++) {
         if (files[i].path) gcd_st_close(&files[i]);
         if (plist[i]) free_strs(plist[i], pn[i]);
@@ -613,7 +618,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;
-    if ((rc = agreed_precision(set, &prec_tol, err, len)) || (rc = load_recorded(set, err, len))) return rc;
+    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len))) return rc;
 
     // per parameter: one shape everywhere, and its own tolerance: the coarsest of its own dtypes and the
     // precision the step computed in (autocast computes in bf16 what it stores as F32). One tensor's
@@ -827,12 +832,14 @@ typedef struct {
     int sharded;               // this parameter: g is the ranks' runs side by side (FSDP), each from start[k]
     uint64_t *start;           // (world)
     int *twin;                 // (world) sharded: the first rank holding the same run (an HSDP replica), or -1
+    int *held;                 // (world) sharded: the ranks holding a non-empty run, sorted by run (by_held)
     double *g, *r, *r2, *tmp;  // (CHUNK) r2: the second reference
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2 (sharded: - its twin's)
     XXH3_state_t *xxh;         // (world + 2) the digests the scan makes (hash_to), where inl[k]
     const unsigned char *inl;
     uint64_t *hashed;          // (world + 2) how far into file k they are
     double deadline;           // mono() past which the scan stops (--timeout); 0: none
+    uint64_t nlate;            // chunks late() has been asked about (the clock is read every 64th)
     const char *param;         // the parameter being scanned, for the message
     char *err;
     size_t len;
@@ -944,6 +951,14 @@ static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     return 0;
 }
 
+// ranks by their run (start, length), then by rank: each run's first holder leads its replicas
+static int by_held(const void *x, const void *y, void *arg) {
+    const scan *s = arg;
+    int a = *(const int *)x, b = *(const int *)y;
+    uint64_t sa = s->start[a], sb = s->start[b], na = s->t[a]->n, nb = s->t[b]->n;
+    return sa != sb ? (sa < sb ? -1 : 1) : na != nb ? (na < nb ? -1 : 1) : a - b;
+}
+
 // sharded, with no reference to read: the first element at or past `at` that some rank's run holds
 // (the gaps of ranks without a gradient are zeros, which add nothing to the sums)
 static uint64_t next_held(const scan *s, uint64_t at, uint64_t n) {
@@ -963,9 +978,10 @@ static double mono(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// 3 once the scan is past --timeout (looked at every 64 chunks: a clock read per 256 Ki elements)
-static int late(scan *s, uint64_t at) {
-    if (!s->deadline || (at / CHUNK) % 64 || mono() <= s->deadline) return 0;
+// 3 once the scan is past --timeout (looked at every 64 chunks read: a clock read per 256 Ki elements;
+// counted, not taken from the element index, which skipped gaps can keep off every 64th chunk)
+static int late(scan *s) {
+    if (!s->deadline || s->nlate++ % 64 || mono() <= s->deadline) return 0;
     snprintf(s->err, s->len, "stopped: the scan took longer than --timeout allows (at '%.80s')", (const char *)s->param);
     return 3;
 }
@@ -984,14 +1000,14 @@ static int scan_param(scan *s, gcd_param_result *p) {
     for (uint64_t at = 0; p->nhave && at < p->n; at += CHUNK) {
         if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
         size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-        if ((rc = late(s, at)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
+        if ((rc = late(s)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
         gcd_sums_add(&sums, s->g, r, b, m, at);
     }
     if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
             const unsigned char *bt = bytes(s, W, at, m);
-            if ((rc = late(s, at)) || !bt) return rc ? rc : 2;
+            if ((rc = late(s)) || !bt) return rc ? rc : 2;
             rank_acc a = { 0 };
             take(TAKE_FIRST, s->t[W]->dtype, bt, m, s->r, &a, NULL);
             sums.rr += a.sq;
@@ -1003,7 +1019,7 @@ static int scan_param(scan *s, gcd_param_result *p) {
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
-            if ((rc = late(s, at)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
+            if ((rc = late(s)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
             gcd_sums_resid(&sums, s->g, r, m);
         }
     double g0 = p->first >= 0 ? sqrt(s->sq[p->first]) : 0;
@@ -1042,7 +1058,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     s.g = gcd_malloc(CHUNK * sizeof(double)), s.r = gcd_malloc(CHUNK * sizeof(double)), s.r2 = gcd_malloc(CHUNK * sizeof(double));
     s.tmp = gcd_malloc(CHUNK * sizeof(double));
     s.sq = gcd_malloc((size_t)W * sizeof(double)), s.dsq = gcd_malloc((size_t)W * sizeof(double));
-    s.start = gcd_malloc((size_t)W * sizeof *s.start), s.twin = gcd_malloc((size_t)W * sizeof *s.twin);
+    s.start = gcd_malloc((size_t)W * sizeof *s.start), s.twin = gcd_malloc((size_t)W * sizeof *s.twin), s.held = gcd_malloc((size_t)W * sizeof *s.held);
     s.deadline = o->timeout > 0 ? mono() + o->timeout : 0;
 
     unsigned char *inl = gcd_malloc((size_t)NF);
@@ -1124,10 +1140,17 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
             }
             p->ndim = full->ndim, p->n = full->numel;
             for (int d = 0; d < full->ndim; d++) p->shape[d] = full->shape[d];
-            for (int k = 0; k < W; k++) {   // HSDP: replicas of one run are compared with its first holder
+            // HSDP: replicas of one run are compared with its first holder; the ranks sorted by run, not a
+            // pass over the earlier ranks per rank (W^2: seconds per parameter at a few thousand ranks)
+            int nheld = 0;
+            for (int k = 0; k < W; k++) {
                 s.twin[k] = -1;
-                for (int q = 0; q < k && s.t[k] && s.t[k]->n && s.twin[k] < 0; q++)
-                    if (s.t[q] && s.start[q] == s.start[k] && s.t[q]->n == s.t[k]->n) s.twin[k] = q;
+                if (s.t[k] && s.t[k]->n) s.held[nheld++] = k;
+            }
+            qsort_r(s.held, (size_t)nheld, sizeof *s.held, by_held, &s);
+            for (int i = 1; i < nheld; i++) {
+                int q = s.held[i - 1], k = s.held[i];
+                if (s.start[q] == s.start[k] && s.t[q]->n == s.t[k]->n) s.twin[k] = s.twin[q] >= 0 ? s.twin[q] : q;
             }
         }
         p->diff_base = p->first;
@@ -1151,7 +1174,7 @@ done:
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
     if (!rc && set->has_ref2 && gcd_st_unchanged(&set->ref2, err, len)) rc = 2;
-    free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.xxh), free(s.hashed), free(inl);
+    free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.held), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;
 }

@@ -55,7 +55,7 @@ GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, cons
                 bad++;
                 continue;
             }
-            if (!isfinite(z)) z = y;   // a non-finite second reference measures no noise there
+            if (!isfinite(z) || !isfinite(z * z + (y - z) * (y - z))) z = y;   // a non-finite second reference (or one whose square is) measures no noise there
             gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y), ga += fabs(x);
             nn += (y - z) * (y - z), db += (x - y) * z, bb += z * z;
         }
