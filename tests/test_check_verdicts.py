@@ -265,6 +265,18 @@ def recorded_lists_that_are_not_lists_are_exit_2_named():
 
 
 @case
+def the_same_reference_twice_is_refused_and_a_copy_measures_nothing():
+    # --ref A --ref A measures zero noise: refused; an identical copy measures zero noise too, which leaves a
+    # noise-sized tensor undecided, as with one reference (never ok, never a plain mismatch)
+    d = fresh("same_ref")
+    ranks, ref = bert_like()
+    refp = world_of(d, [ranks, ranks], ref, ref2=ref)
+    expect([d, "--ref", refp, "--ref", refp], 2, "the second reference is the first one")
+    text, rep = expect([d, "--ref", refp, "--ref", f"{d}.ref2.safetensors"], 1, "second reference", report=True)
+    need(status(rep)["enc.key.bias"] == "undecided", f"statuses {status(rep)}")
+
+
+@case
 def check_timeout_stops_a_long_scan_with_exit_3():
     # check --timeout S, like run's: a scan past it stops, exit 3, named; without it the same check passes
     d = fresh("timeout")

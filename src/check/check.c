@@ -518,7 +518,11 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         int rc = load_ref(o, o->ref[0], &set->ref, &ref_params, &nref, err, len);
         if (!rc && o->nref > 1) set->has_ref2 = 1, rc = load_ref(o, o->ref[1], &set->ref2, &ref2_params, &nref2, err, len);
         const char *x;
-        if (!rc && o->nref > 1 && (x = first_missing(ref_params, nref, ref2_params, nref2)))
+        struct stat a, b;
+        if (!rc && o->nref > 1 && stat(o->ref[0], &a) == 0 && stat(o->ref[1], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            rc = fail(err, len, "%s: the second reference is the first one: it must be the same step computed in another order (rows "
+                                "permuted), whose difference from the first measures each tensor's noise", o->ref[1]);
+        else if (!rc && o->nref > 1 && (x = first_missing(ref_params, nref, ref2_params, nref2)))
             rc = fail(err, len, "%s: the second reference's gradcheck.params lacks '%.80s', which %s lists: not the same model", o->ref[1], x, o->ref[0]);
         else if (!rc && o->nref > 1 && (x = first_missing(ref2_params, nref2, ref_params, nref)))
             rc = fail(err, len, "%s: the second reference's gradcheck.params lists '%.80s', which %s does not: not the same model", o->ref[1], x, o->ref[0]);

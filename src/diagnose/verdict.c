@@ -336,7 +336,7 @@ static void undecided(gcd_run_result *res) {
     double rms = model_rms(res);
     for (int i = 0; i < res->nparam; i++) {
         gcd_param_result *p = &res->param[i];
-        if (p->status != GCD_ST_MISMATCH || p->ref_none || p->tol_source == GCD_TOL_MEASURED || isfinite(p->noise)) continue;
+        if (p->status != GCD_ST_MISMATCH || p->ref_none || p->tol_source == GCD_TOL_MEASURED || p->noise > 0) continue;   // no noise measured: no second reference, or one identical to the first
         if (fabs(p->cosine) < 0.5 && err_rms(p) <= p->tol * rms) p->status = GCD_ST_UNDECIDED;
     }
 }
