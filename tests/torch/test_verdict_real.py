@@ -798,3 +798,13 @@ def test_track_should_hook_only_its_own_model(tmp_path):
     dump_grads(tracked, tmp_path / "t.safetensors")
     _, meta = read_dump(tmp_path / "t.safetensors")
     assert meta["gradcheck.precision"] == "bf16" and json.loads(meta["gradcheck.ran"]) == ["a.weight", "a.bias"], meta
+
+
+def test_one_bf16_gradient_should_not_make_the_file_claim_bf16(tmp_path):
+    from gradcheck_dist import dump_grads
+
+    torch.manual_seed(0)
+    m = make_mixed()
+    m(*mixed_batch()).backward()
+    _, meta = read_dump(dump_grads(m, tmp_path / "m.safetensors", rank=0, world=1))
+    assert meta["gradcheck.precision"] == "fp32", meta   # the BF16 tensor's own dtype bounds its tolerance in check
