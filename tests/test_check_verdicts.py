@@ -210,6 +210,18 @@ def hsdp_replicas_that_differ_disagree():
 
 
 @case
+def ranks_ten_times_the_tolerance_apart_disagree():
+    # F32 ranks 1e-4 apart after the all-reduce (10 x the claimed 1e-5): disagree; a 100x looser tolerance
+    # (tests/mutation: scan-disagree-100x-tol) would call them the same
+    d = fresh("disagree_10x")
+    g = rnd(32, 16)
+    ranks = [{"w": g}, {"w": (g * (1 + 1e-4 * R.standard_normal(g.shape))).astype(np.float32)}]
+    refp = world_of(d, ranks, {"w": g})
+    text, rep = expect([d, "--ref", refp], 1, "different gradients on different ranks", report=True)
+    need(status(rep)["w"] == "disagree", f"statuses {status(rep)}")
+
+
+@case
 def hostile_shard_map_is_refused_at_once():
     # issue 32: a global shape [2^31-1, 2^31-1] in a 600-byte file, one rank without its run: ran forever
     d = fresh("hostile_map")
@@ -223,6 +235,26 @@ def hostile_shard_map_is_refused_at_once():
     t0 = time.monotonic()
     expect([d], 2, "tensor 'w'", "claims")
     need(time.monotonic() - t0 < 5, f"took {time.monotonic() - t0:.1f} s")
+
+
+@case
+def recorded_lists_that_are_not_lists_are_exit_2_named():
+    x = {"w": rnd(4)}
+    for key, bad in [("gradcheck.ran", "{"), ("gradcheck.nondeterministic", "[1, 2]"), ("gradcheck.batchnorm", '"bn"')]:
+        d = fresh("badlist_" + key.split(".")[1])
+        refp = world_of(d, [x, x], x, meta_extra={key: bad})
+        expect([d, "--ref", refp], 2, key, "r0.safetensors")
+
+
+@case
+def check_timeout_stops_a_long_scan_with_exit_3():
+    # check --timeout S, like run's: a scan past it stops, exit 3, named; without it the same check passes
+    d = fresh("timeout")
+    g = rnd(1024, 1024)
+    refp = world_of(d, [{"w": g}] * 2, {"w": g})
+    expect([d, "--ref", refp, "--timeout", "0.000001"], 3, "--timeout", "'w'")
+    expect([d, "--ref", refp, "--timeout", "600"], 0)
+    expect([d, "--ref", refp, "--timeout", "0"], 2, "--timeout")
 
 
 def bf16_like(d, scale, precision="bf16", bias=1.0):

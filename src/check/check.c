@@ -366,10 +366,12 @@ static int meta_list(const gcd_st_file *f, const char *key, char ***out, int *n,
     const cJSON *e;
     int rc = cJSON_IsArray(a) ? 0 : fail(err, len, "%s: metadata %s is not a JSON array of strings", f->path, key);
     cJSON *list = rc ? NULL : a;
+    if (list) {   // room for this file's strings at once (cJSON_GetArraySize walks the list once)
+        *out = realloc(*out, (size_t)(*n + cJSON_GetArraySize(list) + 1) * sizeof **out);
+        mallocCheck(*out);
+    }
     cJSON_ArrayForEach(e, list) {
         if (!cJSON_IsString(e)) { rc = fail(err, len, "%s: metadata %s holds something other than a string", f->path, key); break; }
-        *out = realloc(*out, (size_t)(*n + 1) * sizeof **out);
-        mallocCheck(*out);
         (*out)[(*n)++] = gcd_strdup(e->valuestring);
     }
     cJSON_Delete(a);

@@ -548,11 +548,14 @@ static void stage_cause(gcd_run_result *res) {
 // ----------------------------------------------------------------------------
 // causes the numbers point at
 
-// What a scale c (as shown) usually means, after "the reference xC"
-static void scale_cause(gcd_sb *m, double c, int world) {
+// What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
+// "(= 1/world)": their cause is the gather mode, which the table names
+static void scale_cause(gcd_sb *m, double c, int world, int words) {
     int e;
     double f = frexp(c, &e), k = round(c), inv = round(1 / c);
-    if (fabs(c * world - 1) <= 1e-6)
+    if (!words) {
+        if (fabs(c * world - 1) <= 1e-6) gcd_sb_printf(m, " (= 1/world)");
+    } else if (fabs(c * world - 1) <= 1e-6)
         gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
                          "only the rank's own rows, or a gradient divided by the world twice");
     else if (world > 1 && fabs(c - world) <= 1e-6 * world)
@@ -598,7 +601,7 @@ void gcd_verdict(gcd_run_result *res) {
     res->nfinding = 0;
     int check = !strcmp(res->probe, "check");
     scalars(res);
-    undecided(res);
+    if (check) undecided(res);   // the probes' float64 reference is exact: nothing there is undecided
     index_build(res);
     gcd_sb m = { 0 }, ids = { 0 }, others = { 0 };
     gcd_status st;
@@ -725,7 +728,7 @@ void gcd_verdict(gcd_run_result *res) {
         n = names(res, same_scale, p, &m, &ids);
         double c = shown_scale(p->scale, p->allowed);
         gcd_sb_printf(&m, " %s the reference x%.6g", plural(n, "gradient is", "gradients are"), c);
-        scale_cause(&m, c, res->world);
+        scale_cause(&m, c, res->world, check);
         st = GCD_ST_OK;
         int ok = count(res, by_status, &st);
         if (ok) {
