@@ -37,6 +37,25 @@ def rank_world():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+_PERMUTED = False   # run_pattern's second reference: the batch functions return their rows permuted
+
+
+def _rows_permutable(fn):
+    """A batch function whose rows come back permuted (gradcheck_dist.harness.permutation, every tensor alike on
+    dim 0) while run_pattern computes its second reference: the same step in another order."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kw):
+        out = fn(*args, **kw)
+        if not _PERMUTED:
+            return out
+        from gradcheck_dist.harness import _permute, _rows, permutation
+
+        return _permute(out, permutation(_rows(out)))
+    return wrapped
+
+
 def gen(seed=1):
     return torch.Generator().manual_seed(seed)
 
@@ -63,6 +82,7 @@ def make_bert_mlm():
     return BertForMaskedLM(bert_config())
 
 
+@_rows_permutable
 def bert_batch(n=16, seq=8):
     g = gen()
     return torch.randint(0, 64, (n, seq), generator=g), torch.randint(0, 3, (n,), generator=g)
@@ -159,6 +179,7 @@ def make_vit():
     return VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
 
 
+@_rows_permutable
 def image_batch(n=16):
     g = gen()
     return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 5, (n,), generator=g)
@@ -185,6 +206,7 @@ def make_siglip():
     return make_clip(bias=True)
 
 
+@_rows_permutable
 def clip_batch(n=16):
     g = gen()
     return torch.randn(n, 3, 32, 32, generator=g), torch.randint(1, 64, (n, 8), generator=g)
@@ -250,6 +272,7 @@ def make_mlp():
                                torch.nn.Linear(256, 4))
 
 
+@_rows_permutable
 def mlp_batch(n=256):
     g = gen()
     return torch.randn(n, 32, generator=g), torch.randn(n, 4, generator=g)
@@ -361,7 +384,8 @@ def _worker(rank, world, pattern, outdir, initfile):
 
 def run_pattern(pattern, world=WORLD, timeout=240, ignore=()):
     """pattern(rank, world, outdir) runs one training step and writes outdir/reduced/rank{r}.safetensors
-    (world 1, no process group: outdir/ref.safetensors). Returns (exit code, report, text) of the check.
+    (world 1, no process group: outdir/ref.safetensors, run twice: in order and with the batch functions' rows
+    permuted, ref-permuted.safetensors). Returns (exit code, report, text) of `check --ref A --ref B`.
     Raises RuntimeError naming the rank when a rank fails or runs past `timeout`."""
     import multiprocessing as mp
 
@@ -381,8 +405,16 @@ def run_pattern(pattern, world=WORLD, timeout=240, ignore=()):
     errors = [open(os.path.join(outdir, f)).read() for f in sorted(os.listdir(outdir)) if f.startswith("error-rank")]
     if hung or any(p.exitcode for p in procs):
         raise RuntimeError(f"ranks hung {hung}, exit codes {[p.exitcode for p in procs]}:\n" + "\n".join(errors))
-    pattern(0, 1, outdir)
-    return run_check(os.path.join(outdir, "reduced"), ref=os.path.join(outdir, "ref.safetensors"), ignore=ignore)
+    global _PERMUTED
+    a, b = os.path.join(outdir, "ref.safetensors"), os.path.join(outdir, "ref-permuted.safetensors")
+    _PERMUTED = True   # the second reference first (patterns write ref.safetensors): the same step, rows permuted
+    try:
+        pattern(0, 1, outdir)
+    finally:
+        _PERMUTED = False
+    os.replace(a, b)
+    pattern(0, 1, outdir)   # the reference, rows in order
+    return run_check(os.path.join(outdir, "reduced"), ref=[a, b], ignore=ignore)
 
 
 def dump_path(outdir, rank, world):
