@@ -628,6 +628,23 @@ def hostile_duplicate_metadata():
 
 
 @case
+def hostile_metadata_100000_keys_in_linear_time():
+    """Issue 33: 100,000 __metadata__ keys took 34 s (each key looked up among those before it): now one
+    sort. Read within 5 s; the same with the last key a duplicate of the first: exit 2 naming it, within 5 s."""
+    d = fresh("many_meta")
+    m = w.meta(0, 1, "reduced", ["a"])
+    extra = "".join(',"k%06d":"v"' % i for i in range(100000))
+    body = json.dumps(m)[:-1] + extra
+    for name, tail, code, needles in (("ok", "}", 0, ()), ("dup", ',"k000000":"v"}', 2, ("'k000000' appears twice",))):
+        h = '{"__metadata__":%s,"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' % (body + tail)
+        path = w.write(os.path.join(d, name + ".safetensors"), w.file_bytes(h, A[:2].tobytes()))
+        t0 = time.monotonic()
+        expect([path], code, *needles)
+        took = time.monotonic() - t0
+        need(took < 5, f"{name}: 100,000 metadata keys took {took:.1f} s (quadratic?)")
+
+
+@case
 def hostile_metadata_values_not_strings():
     m = w.meta(0, 1, "reduced", ["a"])
     m["gradcheck.rank"] = 0

@@ -14,6 +14,10 @@ streams: every command's stdout and stderr onto /dev/full and closed: exit 3 wit
          still works; one stream or one file for two documents, the inputs as the output, a FIFO
          nobody reads: exit 2; exit codes only 0-3.
 bounds:  a report that costs far more memory than its size, 100k host names.
+echoes:  every name from outside that the tool prints back (issue 33): an unknown command or option,
+         the --json/--junit path on the "report:"/"junit:" lines, SLURM_MPI_TYPE; escaped like dump
+         strings. Environment that is not what Slurm or mpirun writes (SLURM_TASKS_PER_NODE past any
+         count, OMPI_COMM_WORLD_SIZE=garbage) and a --json path longer than PATH_MAX: exit 2 naming it.
 Each class prints "CLASS: held X/Y"; the last line is "N passed, M failed" (cases).
 """
 import json
@@ -35,7 +39,7 @@ import numpy as np  # noqa: E402
 import st_writer as w  # noqa: E402
 
 GCD = os.path.abspath(sys.argv[1])
-CLASSES = sys.argv[2:] or ["forged", "links", "streams", "bounds"]
+CLASSES = sys.argv[2:] or ["forged", "links", "streams", "bounds", "echoes"]
 TMP = tempfile.mkdtemp(prefix="gcd-hostile-")
 os.chmod(TMP, 0o755)
 held = {}
@@ -508,6 +512,41 @@ def bounds():
         case(cls, p.returncode in (0, 1, 2) and s < 5, f"report --format md with {count} host names: exit {p.returncode} in {s:.1f} s")
 
 
+def echoes():
+    cls = "echoes"
+    forged_word = b"--x" + PAYLOAD.replace(b"/", b"_")
+    for argv in ([forged_word], [b"check", forged_word], [b"run", forged_word], [b"report", b"x", forged_word],
+                 [b"check", b"--json" + PAYLOAD.replace(b"/", b"_")]):
+        p = gcd(argv, timeout=30)
+        case(cls, p.returncode == 2 and not terminal_problems(p.stderr) and not terminal_problems(p.stdout),
+             f"{argv[:1]} an unknown word echoed: exit {p.returncode}, {terminal_problems(p.stderr)}")
+    d = small_dumps()
+    name = os.path.join(TMP, "e").encode() + PAYLOAD.replace(b"/", b"_")
+    p = gcd([b"check", d.encode(), b"--ref", os.path.join(TMP, "small_ref.safetensors").encode(),
+             b"--json", name + b".json", b"--junit", name + b".xml"], timeout=60)
+    case(cls, p.returncode == 0 and not terminal_problems(p.stdout) and not terminal_problems(p.stderr),
+         f"check --json/--junit a hostile name, the report: line: exit {p.returncode}, {terminal_problems(p.stdout)}")
+    env = dict(os.environ, PMI_FD="3", SLURM_MPI_TYPE=PAYLOAD.decode("utf-8", "surrogateescape"))
+    env.pop("OMPI_COMM_WORLD_SIZE", None), env.pop("PMIX_RANK", None), env.pop("PMI_RANK", None)
+    p = gcd(["run", "--world", "1", "--no-json"], timeout=30, env=env)
+    case(cls, p.returncode == 3 and b"PMI-2" in p.stderr and not terminal_problems(p.stderr),
+         f"SLURM_MPI_TYPE echoed: exit {p.returncode}, {terminal_problems(p.stderr)}")
+    for var, value, more in (("OMPI_COMM_WORLD_SIZE", "garbage", {}), ("OMPI_COMM_WORLD_SIZE", "0", {}),
+                             ("OMPI_COMM_WORLD_RANK", "4", {"OMPI_COMM_WORLD_SIZE": "2"}),
+                             ("SLURM_TASKS_PER_NODE", "9223372036854775807(x9223372036854775807)", {"SLURM_JOB_ID": "1"}),
+                             ("SLURM_TASKS_PER_NODE", "4611686018427387904,4611686018427387904", {"SLURM_JOB_ID": "1"}),
+                             ("SLURM_TASKS_PER_NODE", "2(x", {"SLURM_JOB_ID": "1"})):
+        env = dict(os.environ, **more)
+        env[var] = value
+        t0 = time.time()
+        p = gcd(["run", "--world", "2", "--probe", "simplenet", "--no-json"], timeout=60, env=env)
+        case(cls, p.returncode == 2 and var.encode() in p.stderr and time.time() - t0 < 10,
+             f"{var}={value}: exit {p.returncode} in {time.time() - t0:.1f} s, {p.stderr[-200:]!r}")
+    for flag in ("--json", "--junit"):
+        p = gcd(["check", d, flag, "./" * 50000 + "r.json"], timeout=30)
+        case(cls, p.returncode == 2 and b"PATH_MAX" in p.stderr, f"check {flag} a 100 KB path: exit {p.returncode} {p.stderr[-160:]!r}")
+
+
 if __name__ == "__main__":
     if os.geteuid() != 0 and "links" in CLASSES:
         print("test_hostile: links needs root (a second user plants the links): run as root", file=sys.stderr)
@@ -515,7 +554,7 @@ if __name__ == "__main__":
     os.chmod(TMP, 0o755)
     try:
         for c in CLASSES:
-            {"forged": forged, "links": links, "streams": streams, "bounds": bounds}[c]()
+            {"forged": forged, "links": links, "streams": streams, "bounds": bounds, "echoes": echoes}[c]()
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
     for c, (h, n) in held.items():

@@ -14,7 +14,8 @@ import os
 from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track, track_precision, write_dump
 from .gather import all_gather_with_grad
 
-__version__ = "0.1.0"
+with open(os.path.join(os.path.dirname(__file__), "VERSION")) as _f:   # the one version: CMake reads it too
+    __version__ = _f.read().strip()
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
            "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
            "all_gather_with_grad", "clean_name"]

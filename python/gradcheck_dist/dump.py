@@ -242,11 +242,9 @@ def _tf32_on(model):
 
 
 def infer_precision(model, tensors):
-    """The precision the step computed in: autocast seen in its forward (track) or active now, else the
-    gradients' dtype when they all share one (fp32 on CUDA with TF32 allowed: tf32), else the finest of them.
-
-    Never the coarsest of mixed dtypes: `check` bounds each tensor's tolerance by its own dtype, so one BF16
-    tensor among F32 ones must not claim bf16 for the whole file (which would loosen every F32 tensor)."""
+    """The precision the step computed in: autocast seen in its forward (track) or active now, else the finest
+    of the gradients' dtypes (fp32 on CUDA with TF32 allowed: tf32). The finest: `check` judges each tensor at
+    least at its own dtype's tolerance, so one BF16 tensor among F32 ones must not claim bf16 for all (issue 32)."""
     root = unwrap(model) if model is not None else None
     seen = set(getattr(root, "_gradcheck_precision_seen", ()) or ()) if root is not None else set()
     seen.update(_autocast_now())
@@ -256,12 +254,8 @@ def infer_precision(model, tensors):
         if p == "fp32" and t.is_cuda and root is not None and _tf32_on(root):
             p = "tf32"
         from_dtypes.append(p)
-    from_dtypes = [p for p in from_dtypes if p]
-    if seen:
-        return coarsest(list(seen) + from_dtypes)
-    if not from_dtypes:
-        return "fp32"
-    return min(set(from_dtypes), key=_COARSE.__getitem__)
+    finest = min((p for p in from_dtypes if p), key=_COARSE.__getitem__, default=None)
+    return coarsest(list(seen)) or finest or "fp32"
 
 
 # ---- which tensors: plain, DTensor shards (FSDP2), FlatParameter shards (FSDP1)

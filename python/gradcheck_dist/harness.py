@@ -39,15 +39,40 @@ import traceback
 # ---- the binary
 
 
+def own_binary():
+    """The gradcheck-dist that was installed with this package (pip install: the wheel's RECORD names where,
+    <venv>/bin, --user or --prefix alike), or None: not installed, or this module is not that installation's
+    (a source tree on sys.path)."""
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution("gradcheck-dist")
+        here = os.path.realpath(__file__)
+        files = dist.files or ()
+        if not any(os.path.realpath(dist.locate_file(f)) == here for f in files if f.name == "harness.py"):
+            return None
+        for f in files:
+            if f.name == "gradcheck-dist" and f.parent.name == "bin":
+                return os.path.abspath(dist.locate_file(f))
+    except Exception:  # no metadata, an unreadable RECORD: not ours to judge here
+        return None
+    return None
+
+
 def find_binary(binary=None):
-    """The gradcheck-dist executable: `binary`, else $GRADCHECK_DIST, else PATH. RuntimeError when it is missing,
-    not a file or not executable (never a raw PermissionError). The harness calls it before any rank starts."""
-    b = binary or os.environ.get("GRADCHECK_DIST") or shutil.which("gradcheck-dist")
-    where = "binary=" if binary else "GRADCHECK_DIST=" if os.environ.get("GRADCHECK_DIST") else ""
+    """The gradcheck-dist executable: `binary`, else $GRADCHECK_DIST, else the one installed with this package
+    (own_binary), else PATH. A setting the caller made wins; the package's own program wins over another on PATH
+    (another version). RuntimeError when it is missing, not a file or not executable (never a raw
+    PermissionError). The harness calls it before any rank starts."""
+    env = os.environ.get("GRADCHECK_DIST")
+    own = None if binary or env else own_binary()
+    b = binary or env or own or shutil.which("gradcheck-dist")
+    where = "binary=" if binary else "GRADCHECK_DIST=" if env else "installed with gradcheck_dist: " if own else ""
     if not b or not os.path.isfile(b) or not os.access(b, os.X_OK):
         why = "not on PATH" if not b else "not found" if not os.path.exists(b) else \
             "not a file" if not os.path.isfile(b) else "not executable"
-        raise RuntimeError(f"gradcheck-dist {why} ({where}{b or ''}): put it on PATH or set GRADCHECK_DIST")
+        raise RuntimeError(f"gradcheck-dist {why} ({where}{b or ''}): install it (pip install . in gradcheck-dist's "
+                           "source), put it on PATH or set GRADCHECK_DIST")
     return os.path.abspath(b)
 
 

@@ -66,17 +66,19 @@ int junit_path_ok(const char *junit, const char *json);
 int parse_run(int argc, char **argv, options *o);
 // launch.c
 int launch(const options *o, int argc, char **argv);
+int mpi_env_refusal(void);   // OMPI_COMM_WORLD_SIZE/RANK not as mpirun writes them: says so, 2
 int pmi_unusable(void);   // srun --mpi=pmi2: says so (task 0) and returns 3; 0 otherwise
 // rank.c
 int run_rank(const options *o, int argc, char **argv);
-double now(void);
 // output.c
+double now(void);                        // seconds, monotonic
 int write_reports(cJSON *doc, char *json, int reserved, char *junit, int code, double seconds);
 int default_report_path(char *path, size_t len);
 void std_fds_guard(void);                // main's first call: a closed 0-2 held by /dev/null, read-only
 int stream_lost(int fd);                 // closed, /dev/full or a full file system
 int launcher_streams_code(int code);     // code, or 3 when what mpirun forwarded to stdout/stderr was lost
 int stdout_done(const char *what);       // 0, or 3 having said on stderr that stdout failed
+void put_path(FILE *f, const char *prefix, const char *path);   // prefix, path escaped for a terminal, newline
 void say(const char *prefix, const char *text);   // "gradcheck-dist: " prefix text, text escaped for a terminal
 // commands.c
 int check_main(int argc, char **argv);

@@ -118,8 +118,8 @@ int check_main(int argc, char **argv) {
     char *text = gcd_render_text_width(doc, gcd_text_width(fileno(out)));
     fputs(text, out);
     free(text);
-    if (path[0] && strcmp(path, "-")) fprintf(out, "report: %s\n", path);
-    if (xml[0] && strcmp(xml, "-")) fprintf(out, "junit: %s\n", xml);
+    if (path[0] && strcmp(path, "-")) put_path(out, "report: ", path);
+    if (xml[0] && strcmp(xml, "-")) put_path(out, "junit: ", xml);
     if (out == stdout && stdout_done("check")) code = 3;
     if (out == stderr && (fflush(out) || ferror(out) || stream_lost(2))) code = 3;   // the table is lost: stdout holds the document
     cJSON_Delete(doc);

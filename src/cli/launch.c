@@ -107,29 +107,60 @@ static long env_long(const char *name) {   // 0 when unset or not a number
     return v && *v && !*end && x > 0 ? x : 0;
 }
 
-// the tasks of this allocation, from SLURM_TASKS_PER_NODE ("2(x3),1" = 7), as Open MPI counts its slots
+// the tasks of this allocation, from SLURM_TASKS_PER_NODE ("2(x3),1" = 7), as Open MPI counts its slots;
+// -1 when it is not that form or a count is past 2^24 (a product of two would overflow a long long before)
 static long slurm_slots(void) {
     const char *v = getenv("SLURM_TASKS_PER_NODE");
     long total = 0;
     while (v && *v) {
         char *end;
+        errno = 0;
         long n = strtol(v, &end, 10), times = 1;
-        if (end == v || n < 0) return env_long("SLURM_NTASKS");
-        if (*end == '(' && end[1] == 'x') times = strtol(end + 2, &end, 10), end += *end == ')';
-        total += n * times;
+        if (end == v || n < 0 || n > 1L << 24 || errno) return -1;
+        if (*end == '(' && end[1] == 'x') {
+            const char *t = end + 2;
+            times = strtol(t, &end, 10);
+            if (end == t || *end != ')' || times < 1 || times > 1L << 24 || errno) return -1;
+            end++;
+        }
+        if (*end && *end != ',') return -1;
+        total += n * times;   // at most 2^48 a term
+        if (total > 1L << 30) return -1;
         v = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return env_long("SLURM_NTASKS");
     }
     return total > 0 ? total : env_long("SLURM_NTASKS");
+}
+
+// Open MPI's own variables, when set, must be what mpirun writes: OMPI_COMM_WORLD_SIZE=garbage would
+// otherwise make this process a rank of a job of one (MPI_Init's singleton), silently
+int mpi_env_refusal(void) {
+    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL };
+    long size = 0;
+    for (int i = 0; vars[i]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v) continue;
+        char *end;
+        errno = 0;
+        long x = strtol(v, &end, 10), lo = i == 1 ? 0 : 1, hi = i == 1 && size ? size - 1 : 1L << 24;
+        if (end == v || *end || errno || x < lo || x > hi) {
+            char what[128];
+            snprintf(what, sizeof what, "expected an integer from %ld to %ld (Open MPI sets it for each rank), got '%%s'", lo, hi);
+            return bad(vars[i], what, v);
+        }
+        if (i == 0) size = x;
+    }
+    return 0;
 }
 
 int pmi_unusable(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || !(getenv("PMI_FD") || getenv("PMI_RANK"))) return 0;
     const char *rank = getenv("PMI_RANK");
-    if (!rank || !strcmp(rank, "0"))
+    if (!rank || !strcmp(rank, "0")) {
+        char *type = gcd_term_str(getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "pmi2");   // the environment's bytes, escaped
         fprintf(stderr, "gradcheck-dist: srun started this task with Slurm's PMI-2 (--mpi=%s), which this Open MPI cannot use (it speaks PMIx): "
-                        "start it with srun --mpi=pmix, or salloc -n N gradcheck-dist run --world N\n",
-                getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "pmi2");
+                        "start it with srun --mpi=pmix, or salloc -n N gradcheck-dist run --world N\n", type);
+        free(type);
+    }
     return 3;
 }
 
@@ -144,6 +175,8 @@ static int slurm_refusal(const options *o, int world) {
         return 2;
     }
     long slots = getenv("SLURM_JOB_ID") && !o->hostfile ? slurm_slots() : 0;
+    if (slots < 0) return bad("SLURM_TASKS_PER_NODE", "expected tasks per node as Slurm writes them (\"2(x3),1\", each count at most 2^24), got '%s'",
+                              getenv("SLURM_TASKS_PER_NODE"));
     if (slots > 0 && world > slots && !o->oversubscribe) {
         char msg[320];
         snprintf(msg, sizeof msg, "%d ranks, but this Slurm allocation holds %ld tasks (SLURM_TASKS_PER_NODE=%s): ask Slurm for %d (-n %d), "
@@ -236,7 +269,24 @@ typedef struct {
     char why[256];
 } watch;
 
+// mpirun's exit seen without reaping it (waitid WNOWAIT), then, with the forwarded signals blocked,
+// mpirun_pid cleared and mpirun reaped: no handler can signal its group id once that id may be reused.
+// 1 when reaped (*status set); 0 when still running (WNOHANG) or on an error (errno set).
+static int reap(pid_t pid, int *status, int flags) {
+    siginfo_t si = { 0 };
+    if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT | flags) < 0 || si.si_pid != pid) return 0;
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM), sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    mpirun_pid = 0;
+    int r = waitpid(pid, status, 0) == pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
 static void end_job(watch *w, pid_t pid, const char *why) {
+    if (mpirun_pid <= 0) return;   // reaped: its group id is no longer ours
     if (w->ending_at > 0 || w->killed) return;
     snprintf(w->why, sizeof w->why, "%s", why);
     w->ending_at = mono();
@@ -246,7 +296,7 @@ static void end_job(watch *w, pid_t pid, const char *why) {
 static void kill_job(watch *w, pid_t pid) {
     if (w->killed) return;
     w->killed = 1;
-    kill(-pid, SIGKILL);
+    if (mpirun_pid > 0) kill(-pid, SIGKILL);   // never a group id after mpirun was reaped (it may be another's)
     kill_ranks(w->dir, w->exe);
 }
 
@@ -285,8 +335,7 @@ static int forward_stderr(int fd, mpirun_log *m, pid_t pid, int *status, watch *
         if (r < 0 && errno == EINTR) continue;
         if (r == 0) {
             if (reaped) return 1;
-            reaped = waitpid(pid, status, WNOHANG) == pid;
-            if (reaped) mpirun_pid = 0;   // its pid may be reused: forward no signal to it
+            reaped = reap(pid, status, WNOHANG);   // its pid may be reused: forward no signal to it
             continue;
         }
         ssize_t k = read(fd, buf, sizeof buf);
@@ -358,10 +407,14 @@ static void name_the_dead(const mpirun_log *m, const char *dir, const char *juni
         snprintf(full, sizeof full, "%s; rank 0 then: %s", msg, em->valuestring);
         const cJSON *env = cJSON_GetObjectItem(doc, "environment");
         gcd_report_finish(doc, 3, full, m->rank, gcd_json_num(cJSON_GetObjectItem(env, "wall_seconds")));
-        if (gcd_report_write(doc, report, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
-        else fprintf(stderr, "gradcheck-dist: the error report, %s, names rank %d\n", report, m->rank);
+        if (gcd_report_write(doc, report, err, sizeof err)) say("", err);
+        else {
+            char *r = gcd_term_str(report);
+            fprintf(stderr, "gradcheck-dist: the error report, %s, names rank %d\n", r, m->rank);
+            free(r);
+        }
         char *xml = junit ? gcd_render_junit(doc) : NULL;   // and the JUnit file rank 0 wrote from it
-        if (xml && gcd_text_write(xml, "--junit", junit, err, sizeof err)) fprintf(stderr, "gradcheck-dist: %s\n", err);
+        if (xml && gcd_text_write(xml, "--junit", junit, err, sizeof err)) say("", err);
         free(xml);
     }
     cJSON_Delete(doc);
@@ -391,10 +444,12 @@ static int cancelled(const options *o, const char *report, time_t started, int c
         free(xml);
         cJSON_Delete(doc);
         if (!bad_write) {
-            fprintf(stderr, "gradcheck-dist: %s; the report, %s, says so\n", msg, report);
+            char *r = gcd_term_str(report);
+            fprintf(stderr, "gradcheck-dist: %s; the report, %s, says so\n", msg, r);
+            free(r);
             return 3;
         }
-        fprintf(stderr, "gradcheck-dist: %s\n", err);
+        say("", err);
     } else if (junit && stat(junit, &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime >= started)
         unlink(junit);   // rank 0's JUnit error without its report: it would say another thing than these words
     fprintf(stderr, "gradcheck-dist: %s; no report\n", msg);
@@ -506,6 +561,7 @@ int launch(const options *o, int argc, char **argv) {
     struct sigaction sa = { .sa_handler = forward_signal }, old[3];
     sigemptyset(&sa.sa_mask);
     static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
+    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, forwarded[i]);   // one handler at a time: signals++ never loses a count
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
     signal(SIGPIPE, SIG_IGN);   // a closed stderr is EPIPE to forward_stderr, not the launcher's death
     pid_t parent = getpid(), pid = fork();
@@ -539,9 +595,8 @@ int launch(const options *o, int argc, char **argv) {
     time_t started = time(NULL);
     int reaped = forward_stderr(err_pipe[0], &log, pid, &status, &wt);
     close(err_pipe[0]);
-    while (!reaped && waitpid(pid, &status, 0) < 0)
+    while (!reaped && !(reaped = reap(pid, &status, 0)))
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
-    mpirun_pid = 0;
     if (log.n) log.line[log.n] = 0, scan_line(&log);   // a last line without its newline
     int code = -1;
     FILE *f = fopen(result, "r");

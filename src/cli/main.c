@@ -93,6 +93,14 @@ int main(int argc, char **argv) {
     options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc;
+#ifdef GCD_NO_MPI   // built without MPI (CMake GCD_MPI): launch.c and rank.c are not in this program
+    fprintf(stderr, "gradcheck-dist: run: this build has no MPI, which run needs (check and report work without it).\n"
+                    "  Install Open MPI (Debian/Ubuntu, as root: apt-get install libopenmpi-dev openmpi-bin), then build\n"
+                    "  again: pip install --force-reinstall --no-cache-dir SOURCE_DIR_OR_SDIST, or cmake --build BUILD_DIR\n");
+    return 2;
+#else
+    if ((rc = mpi_env_refusal())) return rc;
     if ((rc = pmi_unusable())) return rc;   // before MPI_Init, which would abort
     return gcd_mpi_inside_job() ? run_rank(&o, argc, argv) : launch(&o, argc, argv);
+#endif
 }

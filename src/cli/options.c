@@ -88,10 +88,10 @@ void gcd_options_help(FILE *f, unsigned cmds) {
 const char *command = "";
 
 int bad(const char *flag, const char *fmt, const char *value) {
-    char *v = gcd_term_str(value ? value : "");   // a hostile path or name never reaches the terminal raw
-    fprintf(stderr, "gradcheck-dist: %s: ", flag);
+    char *v = gcd_term_str(value ? value : ""), *f = gcd_term_str(flag);   // a hostile path or name never reaches the terminal raw
+    fprintf(stderr, "gradcheck-dist: %s: ", f);   // the flag too: an unknown option or command is the user's word
     fprintf(stderr, fmt, v);
-    free(v);
+    free(v), free(f);
     fprintf(stderr, " (see gradcheck-dist %s--help)\n", command);
     return 2;
 }
@@ -221,6 +221,11 @@ int report_path_ok(const char *flag, const char *path) {
         return bad(flag, "%s", msg);
     }
     if (!strcmp(path, "-")) return 0;
+    if (strlen(path) >= PATH_MAX) {   // it would be cut to fit the buffers it passes through: the user's input, exit 2
+        char msg[96];
+        snprintf(msg, sizeof msg, "a path of %zu bytes, longer than this system's PATH_MAX (%d)", strlen(path), PATH_MAX);
+        return bad(flag, "%s", msg);
+    }
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return bad(flag, "'%s' is a directory", path);
     char err[PATH_MAX + 256];

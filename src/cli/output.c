@@ -18,6 +18,12 @@
 
 #include "cli.h"
 
+double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 // The files a run or check leaves, each whole or absent: the JSON report at json, then the JUnit XML
 // rendered from the same document at junit ("" for none). A failed write is a runtime failure: the code
 // becomes 3, the document says why, and the JSON, when already written, is written again to say so.
@@ -100,6 +106,13 @@ int stdout_done(const char *what) {
 void say(const char *prefix, const char *text) {
     char *t = gcd_term_str(text);
     fprintf(stderr, "gradcheck-dist: %s%s\n", prefix, t);
+    free(t);
+}
+
+// "PREFIX PATH" and a newline, the path escaped as say() escapes: a --json path is the user's bytes
+void put_path(FILE *f, const char *prefix, const char *path) {
+    char *t = gcd_term_str(path);
+    fprintf(f, "%s%s\n", prefix, t);
     free(t);
 }
 

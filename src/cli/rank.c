@@ -68,12 +68,6 @@ static void rank0_signal(int sig) {
     _exit(128 + sig);
 }
 
-double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // ----------------------------------------------------------------------------
 // progress on stderr, rank 0 only: on a terminal one line rewritten in place (probe, mode, step k/N,
 // elapsed); otherwise one line as each probe and mode ends
@@ -107,8 +101,8 @@ static void write_error_report(const char *message) {
     if (!job.doc || (!job.path[0] && !job.junit[0])) return;
     gcd_report_finish(job.doc, 3, message, 0, now() - job.t0);
     write_reports(job.doc, job.path, job.reserved, job.junit, 3, now() - job.t0);
-    if (job.path[0] && strcmp(job.path, "-")) fprintf(stderr, "gradcheck-dist: error report written to %s\n", job.path);
-    if (job.junit[0] && strcmp(job.junit, "-")) fprintf(stderr, "gradcheck-dist: JUnit written to %s\n", job.junit);
+    if (job.path[0] && strcmp(job.path, "-")) put_path(stderr, "gradcheck-dist: error report written to ", job.path);
+    if (job.junit[0] && strcmp(job.junit, "-")) put_path(stderr, "gradcheck-dist: JUnit written to ", job.junit);
     job.written = 1;
 }
 
@@ -325,8 +319,8 @@ int run_rank(const options *o, int argc, char **argv) {
         char *text = gcd_render_text_width(job.doc, columns ? atoi(columns) : gcd_text_width(fileno(out)));
         fputs(text, out);
         free(text);
-        if (job.path[0] && strcmp(job.path, "-")) fprintf(out, "report: %s\n", job.path);
-        if (job.junit[0] && strcmp(job.junit, "-")) fprintf(out, "junit: %s\n", job.junit);
+        if (job.path[0] && strcmp(job.path, "-")) put_path(out, "report: ", job.path);
+        if (job.junit[0] && strcmp(job.junit, "-")) put_path(out, "junit: ", job.junit);
         if (fflush(out) || ferror(out)) {
             fprintf(stderr, "gradcheck-dist: writing the table: %s\n", strerror(errno));
             code = 3;

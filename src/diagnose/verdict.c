@@ -647,8 +647,10 @@ void gcd_verdict(gcd_run_result *res) {
         names(res, ran_none, NULL, &u, &ids);
         gcd_sb_printf(&m, "%s %s in the forward (the dumps recorded %s module's forward) but %s no gradient on any rank nor in the "
                           "single-process reference: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
-                          "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach()",
-                      u.s, plural(n, "ran", "ran"), plural(n, "its", "their"), plural(n, "gets", "get"), plural(n, "it", "them"));
+                          "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach(); or "
+                          "the output is computed and never used by the loss (then freeze %s, requires_grad_(False), or --ignore %s)",
+                      u.s, plural(n, "ran", "ran"), plural(n, "its", "their"), plural(n, "gets", "get"), plural(n, "it", "them"),
+                      plural(n, "it", "them"), plural(n, "it", "them"));
         gcd_sb_free(&u);
         emit(res, "ran_none", 1, &ids, &m);
     }

@@ -634,7 +634,7 @@ static void script(gcd_sb *b, const cJSON *doc, const cJSON *run) {
 }
 
 static const char harness[] =
-    "# pip install ./python   (gradcheck_dist, from the gradcheck-dist source tree)\n"
+    "# pip install .   (in the gradcheck-dist source tree: gradcheck_dist and the gradcheck-dist program)\n"
     "# on every rank, one step, after loss.backward():\n"
     "from gradcheck_dist import dump_grads\n"
     "dump_grads(ddp_model, f\"grads/rank{torch.distributed.get_rank()}.safetensors\")\n"

@@ -11,8 +11,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 ln -s "$SRC/python" python
-ln -s "$SRC/.venv" .venv
 ln -s "$BUILD" build
+# .venv: the repository's (Debian's torch + gradcheck_dist), with this build's program first on PATH once
+# activated, so that the recipe's `gradcheck-dist` is the one under test, not the copy pip put in .venv/bin
+mkdir -p .venv/bin
+printf '. "%s/.venv/bin/activate"\nPATH="%s:$PATH"\n' "$SRC" "$BUILD" >.venv/bin/activate
 block() { sed -n "/^<!-- $1 -->\$/,/^<!-- \/$1 -->\$/p" "$SRC/README.md" | sed '1,2d;$d' | sed '$d'; }
 
 # ---- the recipe, line by line, in one shell (the venv stays activated)
@@ -31,7 +34,7 @@ grep -q "only 1 of 5 parameters receives a gradient: logit_scale" recipe.out || 
 
 # ---- the pytest example
 block pytest-example >test_readme_example.py
-GRADCHECK_DIST="$BUILD/gradcheck-dist" timeout 900 .venv/bin/python -m pytest -q -p no:cacheprovider test_readme_example.py >pytest.out 2>&1
+GRADCHECK_DIST="$BUILD/gradcheck-dist" timeout 900 "$SRC/.venv/bin/python" -m pytest -q -p no:cacheprovider test_readme_example.py >pytest.out 2>&1
 rc=$?
 if [ $rc = 1 ] && grep -q "1 failed, 1 passed" pytest.out && grep -q "only 1 of 5 parameters receives a gradient: logit_scale" pytest.out; then
     ok "pytest example: clip_default fails naming logit_scale, clip_sync passes"

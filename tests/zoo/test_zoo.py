@@ -147,12 +147,16 @@ def test_siglip(impl):
 # ---- ranks that give no gradient, parameters that get none
 
 
-def test_ignored_head_is_a_note():
+def test_ignored_head_ran_is_a_finding():
+    """A head computed in forward whose output the loss ignores: it ran (the dumps record it) and gets no
+    gradient anywhere, the reference included: a finding since issue 32 (ran_none), which names this cause
+    too; a parameter whose module never ran stays a note (tests/torch/test_verdict_real.py)."""
     zoo.preload("transformers")
-    report = check_ddp(zoo.make_bert_ignored, zoo.step_bert_ignored, zoo.bert_batch(), world=W)
-    st = statuses(report)
+    e = failing(zoo.make_bert_ignored, zoo.step_bert_ignored, zoo.bert_batch())
+    st = statuses(e.report)
     assert {s for n, s in st.items() if not n.startswith("ignored.")} == {"ok"}, st
-    assert "ignored." in " ".join(f["message"] for f in report["runs"][0]["findings"])
+    found = [f for f in e.report["runs"][0]["findings"] if f.get("counts")]
+    assert [f["kind"] for f in found] == ["ran_none"] and "never used by the loss" in found[0]["message"], found
 
 
 def test_aux_head_on_even_ranks_names_ranks():

@@ -37,27 +37,22 @@ def rank_world():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-_PERMUTED = False   # run_pattern's second reference: the batch functions return their rows permuted
-
-
-def _rows_permutable(fn):
-    """A batch function whose rows come back permuted (gradcheck_dist.harness.permutation, every tensor alike on
-    dim 0) while run_pattern computes its second reference: the same step in another order."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kw):
-        out = fn(*args, **kw)
-        if not _PERMUTED:
-            return out
-        from gradcheck_dist.harness import _permute, _rows, permutation
-
-        return _permute(out, permutation(_rows(out)))
-    return wrapped
-
-
 def gen(seed=1):
     return torch.Generator().manual_seed(seed)
+
+
+# run_pattern's second reference (issue 32): the same world-1 step with every batch's rows in the
+# harness's fixed permuted order, dumped beside the first (ref-permuted.safetensors)
+_PERMUTED = False
+
+
+def rows(batch):
+    """The batch as the reference of run_pattern sees it: in order, or permuted for the second reference."""
+    if not _PERMUTED:
+        return batch
+    from gradcheck_dist.harness import _permute, permutation
+
+    return _permute(batch, permutation(batch[0].shape[0]))
 
 
 # ---- Hugging Face transformers: BERT and GPT-2, 2 layers, hidden 32, dropout 0
@@ -82,10 +77,9 @@ def make_bert_mlm():
     return BertForMaskedLM(bert_config())
 
 
-@_rows_permutable
 def bert_batch(n=16, seq=8):
     g = gen()
-    return torch.randint(0, 64, (n, seq), generator=g), torch.randint(0, 3, (n,), generator=g)
+    return rows((torch.randint(0, 64, (n, seq), generator=g), torch.randint(0, 3, (n,), generator=g)))
 
 
 def step_bert_cls(model, batch, rank, world):
@@ -179,10 +173,9 @@ def make_vit():
     return VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
 
 
-@_rows_permutable
 def image_batch(n=16):
     g = gen()
-    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 5, (n,), generator=g)
+    return rows((torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 5, (n,), generator=g)))
 
 
 def step_vit(model, batch, rank, world):
@@ -206,10 +199,9 @@ def make_siglip():
     return make_clip(bias=True)
 
 
-@_rows_permutable
 def clip_batch(n=16):
     g = gen()
-    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(1, 64, (n, 8), generator=g)
+    return rows((torch.randn(n, 3, 32, 32, generator=g), torch.randint(1, 64, (n, 8), generator=g)))
 
 
 def _clip_step(model, batch, loss):
@@ -272,10 +264,9 @@ def make_mlp():
                                torch.nn.Linear(256, 4))
 
 
-@_rows_permutable
 def mlp_batch(n=256):
     g = gen()
-    return torch.randn(n, 32, generator=g), torch.randn(n, 4, generator=g)
+    return rows((torch.randn(n, 32, generator=g), torch.randn(n, 4, generator=g)))
 
 
 def step_mlp(model, batch, rank, world):
@@ -384,8 +375,7 @@ def _worker(rank, world, pattern, outdir, initfile):
 
 def run_pattern(pattern, world=WORLD, timeout=240, ignore=()):
     """pattern(rank, world, outdir) runs one training step and writes outdir/reduced/rank{r}.safetensors
-    (world 1, no process group: outdir/ref.safetensors, run twice: in order and with the batch functions' rows
-    permuted, ref-permuted.safetensors). Returns (exit code, report, text) of `check --ref A --ref B`.
+    (world 1, no process group: outdir/ref.safetensors). Returns (exit code, report, text) of the check.
     Raises RuntimeError naming the rank when a rank fails or runs past `timeout`."""
     import multiprocessing as mp
 
@@ -406,19 +396,20 @@ def run_pattern(pattern, world=WORLD, timeout=240, ignore=()):
     if hung or any(p.exitcode for p in procs):
         raise RuntimeError(f"ranks hung {hung}, exit codes {[p.exitcode for p in procs]}:\n" + "\n".join(errors))
     global _PERMUTED
-    a, b = os.path.join(outdir, "ref.safetensors"), os.path.join(outdir, "ref-permuted.safetensors")
-    _PERMUTED = True   # the second reference first (patterns write ref.safetensors): the same step, rows permuted
+    pattern(0, 1, outdir)
+    _PERMUTED = True   # the second reference: the same step, the batch's rows permuted
     try:
         pattern(0, 1, outdir)
     finally:
         _PERMUTED = False
-    os.replace(a, b)
-    pattern(0, 1, outdir)   # the reference, rows in order
-    return run_check(os.path.join(outdir, "reduced"), ref=[a, b], ignore=ignore)
+    refs = [os.path.join(outdir, "ref.safetensors"), os.path.join(outdir, "ref-permuted.safetensors")]
+    return run_check(os.path.join(outdir, "reduced"), ref=refs, ignore=ignore)
 
 
 def dump_path(outdir, rank, world):
-    return os.path.join(outdir, "ref.safetensors") if world == 1 else os.path.join(outdir, "reduced", f"rank{rank}.safetensors")
+    if world == 1:
+        return os.path.join(outdir, "ref-permuted.safetensors" if _PERMUTED else "ref.safetensors")
+    return os.path.join(outdir, "reduced", f"rank{rank}.safetensors")
 
 
 def _shard(t, rank, world):
