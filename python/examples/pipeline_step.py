@@ -10,9 +10,10 @@ stage: stage 0 sends its activations to stage 1 (torch.distributed send/recv), s
 data shard and sends the activations' gradient back. Each stage is wrapped in DistributedDataParallel over its data
 parallel group (the ranks that hold that stage), which averages its gradients. Each rank dumps the whole model's
 gradients: the other stage's parameters are None there, so the check of stage s leaves them out (--ignore).
---bug no-dp-stage0 leaves stage 0 without its data-parallel all-reduce: the check of stage 0 fails, stage 1's passes.
+--bug no-dp-stage0 runs stage 0 under DDP's no_sync(), so it skips its data-parallel all-reduce: the check of stage 0 fails, stage 1's passes.
 """
 import argparse
+import contextlib
 import os
 
 import torch
@@ -52,10 +53,10 @@ def reference(a):
                    extra_metadata={"gradcheck.order": "permuted"} if perm is not None else None)
 
 
-def rank_main(rank, a, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+def rank_main(rank, a, initfile):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=4)
+    dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=4)   # no port to race for
     stage, dp = rank % 2, rank // 2
     dp_groups = [dist.new_group([s, s + 2]) for s in (0, 1)]   # every rank creates every group, in one order
     torch.manual_seed(0)
@@ -64,16 +65,15 @@ def rank_main(rank, a, port):
     x, y = data()
     x, y = x.chunk(2)[dp], y.chunk(2)[dp]                       # this pipeline's data shard
     mine = model.stage0 if stage == 0 else model.stage1
-    if stage == 0 and a.bug == "no-dp-stage0":
-        wrapped = mine
-    else:
-        wrapped = torch.nn.parallel.DistributedDataParallel(mine, process_group=dp_groups[stage])
+    wrapped = torch.nn.parallel.DistributedDataParallel(mine, process_group=dp_groups[stage])
     if stage == 0:
-        h = wrapped(x)
-        dist.send(h.detach().contiguous(), rank + 1)
-        gh = torch.empty_like(h)
-        dist.recv(gh, rank + 1)
-        h.backward(gh)
+        # the bug: stage 0's step under no_sync(), as a misplaced accumulation context does: no all-reduce
+        with wrapped.no_sync() if a.bug == "no-dp-stage0" else contextlib.nullcontext():
+            h = wrapped(x)
+            dist.send(h.detach().contiguous(), rank + 1)
+            gh = torch.empty_like(h)
+            dist.recv(gh, rank + 1)
+            h.backward(gh)
     else:
         h = torch.empty(x.shape[0], 16)
         dist.recv(h, rank - 1)
@@ -94,14 +94,12 @@ def main():
     if a.world == 1:
         reference(a)
         return
-    import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(a, port), nprocs=4)
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(rank_main, args=(a, os.path.join(d, "pg-init")), nprocs=4)
 
 
 if __name__ == "__main__":

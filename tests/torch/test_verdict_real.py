@@ -798,3 +798,30 @@ def test_track_should_hook_only_its_own_model(tmp_path):
     dump_grads(tracked, tmp_path / "t.safetensors")
     _, meta = read_dump(tmp_path / "t.safetensors")
     assert meta["gradcheck.precision"] == "bf16" and json.loads(meta["gradcheck.ran"]) == ["a.weight", "a.bias"], meta
+
+
+def test_one_bf16_gradient_should_not_make_the_file_claim_bf16(tmp_path):
+    from gradcheck_dist import dump_grads
+
+    torch.manual_seed(0)
+    m = make_mixed()
+    m(*mixed_batch()).backward()
+    _, meta = read_dump(dump_grads(m, tmp_path / "m.safetensors", rank=0, world=1))
+    assert meta["gradcheck.precision"] == "fp32", meta   # the BF16 tensor's own dtype bounds its tolerance in check
+
+
+def test_run_check_should_find_the_second_reference_or_say_where_it_is_missing(tmp_path):
+    from gradcheck_dist.harness import _refs, permuted_path, permutation
+
+    assert permuted_path("d/rank0.safetensors") == os.path.join("d", "permuted.safetensors")
+    assert permuted_path("w/ref.safetensors") == os.path.join("w", "ref-permuted.safetensors")
+    a = tmp_path / "ref.safetensors"
+    a.write_bytes(b"")
+    with pytest.raises(ValueError, match="ref-permuted.safetensors"):
+        _refs(a, 2)
+    (tmp_path / "ref-permuted.safetensors").write_bytes(b"")
+    assert _refs(a, 2) == [str(a), str(tmp_path / "ref-permuted.safetensors")]
+    assert _refs([a, "b"], 1) == [str(a)] and _refs([a, "b"], None) == [str(a), "b"]
+    for n in (2, 3, 16):
+        p = permutation(n)
+        assert sorted(p.tolist()) == list(range(n)) and p.tolist() != list(range(n)), p
