@@ -583,7 +583,7 @@ static void batchnorm_cause(gcd_run_result *res) {
         gcd_sb_printf(&ids, "%s%s", ids.len ? "," : "", p->name);
     }
     if (!n) return;
-    gcd_sb_printf(&m, "%d %s from the reference, and the step ran plain BatchNorm in training mode (%s): under DDP each rank "
+    gcd_sb_printf(&m, "%d %s from the reference (or cannot be judged from one), and the step ran plain BatchNorm in training mode (%s): under DDP each rank "
                       "normalises its rows by their own mean and variance, the single-process reference by the whole batch's, so the two "
                       "compute different objectives; use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (SyncBatchNorm runs on "
                       "CUDA), or check with those layers in eval mode",
