@@ -842,6 +842,7 @@ typedef struct {
     XXH3_state_t *xxh;         // (world + 2) the digests the scan makes (hash_to), where inl[k]
     const unsigned char *inl;
     uint64_t *hashed;          // (world + 2) how far into file k they are
+    int read_b;                // this pass reads the second reference into r2 (scan_param decides)
     double deadline;           // mono() past which the scan stops (--timeout); 0: none
     uint64_t nlate;            // chunks late() has been asked about (the clock is read every 64th)
     const char *param;         // the parameter being scanned, for the message
@@ -946,7 +947,7 @@ static int chunk(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     if (s->local)
         for (size_t i = 0; i < m; i++) s->g[i] /= W;
     for (int k = W; k < W + NREF; k++) {
-        if (!s->t[k]) continue;
+        if (!s->t[k] || (k > W && !s->read_b)) continue;
         const unsigned char *b = bytes(s, k, at, m);
         if (!b) return 2;
         rank_acc a = { 0 };
@@ -995,8 +996,8 @@ static int scan_param(scan *s, gcd_param_result *p) {
     s->param = p->name;
     gcd_sums sums;
     const double *r = s->set->has_ref ? s->r : NULL;   // a None reference counts as zeros for the sums
-    const double *b = s->t[W] && s->t[W + 1] ? s->r2 : NULL;   // the second reference, where both have the tensor
-    gcd_sums_init(&sums, s->set->has_ref, b != NULL);
+    gcd_sums_init(&sums, s->set->has_ref);
+    s->read_b = 0;   // the second reference: read in the second pass, only where the claimed tolerance does not pass g
     memset(s->sq, 0, (size_t)W * sizeof *s->sq);
     memset(s->dsq, 0, (size_t)W * sizeof *s->dsq);
     if (r && !s->t[W]) memset(s->r, 0, CHUNK * sizeof *s->r);
@@ -1005,7 +1006,7 @@ static int scan_param(scan *s, gcd_param_result *p) {
         if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
         size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
         if ((rc = late(s)) || (rc = chunk(s, p, at, m))) return rc ? rc : 2;
-        gcd_sums_add(&sums, s->g, r, b, m, at);
+        gcd_sums_add(&sums, s->g, r, m, at);
     }
     if (!p->nhave && s->t[W])   // None everywhere: only the reference's norm
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
@@ -1019,12 +1020,15 @@ static int scan_param(scan *s, gcd_param_result *p) {
     // a reduced stage takes g from the first rank: a NaN elsewhere is still a NaN in the gradients
     for (int k = 0; k < W && !sums.nonfinite; k++)
         if (p->rank_nonfinite[k]) sums.nonfinite = p->rank_nonfinite[k], sums.first_nonfinite = p->rank_first_nonfinite[k];
-    if (gcd_sums_need_resid(&sums, p->tol))
+    int resid = gcd_sums_need_resid(&sums, p->tol);
+    s->read_b = p->nhave && s->t[W] && s->t[W + 1] && gcd_sums_need_noise(&sums, p->tol);
+    if (resid || s->read_b)
         for (uint64_t at = 0; at < p->n; at += CHUNK) {
             if (skip && (at = next_held(s, at, p->n)) >= p->n) break;
             size_t m = p->n - at < CHUNK ? (size_t)(p->n - at) : CHUNK;
             if ((rc = late(s)) || (rc = chunk(s, NULL, at, m))) return rc ? rc : 2;
-            gcd_sums_resid(&sums, s->g, r, m);
+            if (resid) gcd_sums_resid(&sums, s->g, r, m);
+            if (s->read_b) gcd_sums_noise(&sums, s->g, r, s->r2, m);
         }
     double g0 = p->first >= 0 ? sqrt(s->sq[p->first]) : 0;
     for (int k = 0; k < W; k++) {

@@ -25,7 +25,7 @@ typedef struct {
     long nonfinite, first_nonfinite;
     int allzero;             // every finite value of g is 0
     int has_ref;             // r was given (a missing reference counts as zeros)
-    int has_ref2;            // b was given: the same reference computed in another order
+    int has_ref2;            // b was read (gcd_sums_noise): the same reference computed in another order
 } gcd_sums;
 
 // Where a tensor's tolerance came from (check: the report says it per tensor)

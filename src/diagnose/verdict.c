@@ -17,25 +17,16 @@ const char *gcd_status_str(gcd_status s) { return s < GCD_ST_COUNT && status_nam
 // ----------------------------------------------------------------------------
 // one gradient: sums streamed chunk by chunk, then one decision
 
-void gcd_sums_init(gcd_sums *s, int has_ref, int has_ref2) {
+void gcd_sums_init(gcd_sums *s, int has_ref) {
     memset(s, 0, sizeof *s);
     s->first_nonfinite = -1;
     s->allzero = 1;
     s->has_ref = has_ref;
-    s->has_ref2 = has_ref && has_ref2;
 }
 
-GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, const double *b, size_t n, size_t at) {
+GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at) {
     double gg = 0, gr = 0, rr = 0, dd = 0, ga = 0;   // ga = sum |g|: zero exactly when g is (no underflow)
-    double nn = 0, db = 0, bb = 0;
-    if (r && b) {
-#pragma omp simd reduction(+ : gg, gr, rr, dd, ga, nn, db, bb)
-        for (size_t i = 0; i < n; i++) {
-            double x = g[i], y = r[i], z = b[i], d = x - y, e = y - z;
-            gg += x * x, gr += x * y, rr += y * y, dd += d * d, ga += fabs(x);
-            nn += e * e, db += d * z, bb += z * z;
-        }
-    } else if (r) {
+    if (r) {
 #pragma omp simd reduction(+ : gg, gr, rr, dd, ga)
         for (size_t i = 0; i < n; i++) {
             double x = g[i], y = r[i], d = x - y;
@@ -46,24 +37,44 @@ GCD_CLONES void gcd_sums_add(gcd_sums *s, const double *g, const double *r, cons
         for (size_t i = 0; i < n; i++) gg += g[i] * g[i], ga += fabs(g[i]);
     }
     long bad = 0;
-    if (!isfinite(gg + ga + nn + bb)) {   // rare: a NaN or infinity (or a square beyond 1e308): finite values only
-        gg = gr = rr = dd = ga = nn = db = bb = 0;
+    if (!isfinite(gg + ga)) {   // rare: a NaN or infinity (or a square beyond 1e308): finite values only
+        gg = gr = rr = dd = ga = 0;
         for (size_t i = 0; i < n; i++) {
-            double x = g[i], y = r ? r[i] : 0, z = b ? b[i] : 0;
+            double x = g[i], y = r ? r[i] : 0;
             if (!isfinite(x)) {
                 if (s->first_nonfinite < 0) s->first_nonfinite = (long)(at + i);
                 bad++;
                 continue;
             }
-            if (!isfinite(z) || !isfinite(z * z + (y - z) * (y - z))) z = y;   // a non-finite second reference (or one whose square is) measures no noise there
             gg += x * x, gr += x * y, rr += y * y, dd += (x - y) * (x - y), ga += fabs(x);
-            nn += (y - z) * (y - z), db += (x - y) * z, bb += z * z;
         }
     }
     s->gg += gg, s->gr += gr, s->rr += rr, s->dd += dd;
-    s->nn += nn, s->db += db, s->bb += bb;
     s->nonfinite += bad;
     s->allzero &= ga == 0;
+}
+
+int gcd_sums_need_noise(const gcd_sums *s, double tol) {
+    return s->has_ref && !s->nonfinite && !(sqrt(s->dd) <= tol * sqrt(s->rr));
+}
+
+GCD_CLONES void gcd_sums_noise(gcd_sums *s, const double *g, const double *r, const double *b, size_t n) {
+    double nn = 0, db = 0, bb = 0;
+#pragma omp simd reduction(+ : nn, db, bb)
+    for (size_t i = 0; i < n; i++) {
+        double x = g[i], y = r[i], z = b[i], e = y - z;
+        nn += e * e, db += (x - y) * z, bb += z * z;
+    }
+    if (!isfinite(nn + db + bb)) {   // rare: a non-finite second reference (or one whose square is) measures no noise there
+        nn = db = bb = 0;
+        for (size_t i = 0; i < n; i++) {
+            double x = g[i], y = r[i], z = b[i];
+            if (!isfinite(x) || !isfinite(z) || !isfinite(z * z + (y - z) * (y - z) + (x - y) * z)) continue;
+            nn += (y - z) * (y - z), db += (x - y) * z, bb += z * z;
+        }
+    }
+    s->nn += nn, s->db += db, s->bb += bb;
+    s->has_ref2 = 1;
 }
 
 int gcd_sums_need_resid(const gcd_sums *s, double tol) {
@@ -142,9 +153,9 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
 
 void gcd_classify(gcd_param_result *p, int world, double tol) {
     gcd_sums s;
-    gcd_sums_init(&s, 1, 0);
+    gcd_sums_init(&s, 1);
     if (p->nhave > 0 && p->reduced) {
-        gcd_sums_add(&s, p->reduced, p->reference, NULL, p->n, 0);
+        gcd_sums_add(&s, p->reduced, p->reference, p->n, 0);
         if (gcd_sums_need_resid(&s, p->tol > 0 ? p->tol : tol)) gcd_sums_resid(&s, p->reduced, p->reference, p->n);
     } else {
         p->nhave = 0;

@@ -22,10 +22,14 @@
 const char *gcd_status_str(gcd_status s);
 
 // ---- the classifier, streamed: sums over chunks of (g, r), then one decision
-void gcd_sums_init(gcd_sums *s, int has_ref, int has_ref2);
-// adds n values of g and r (r NULL: no reference, or a None one) and of the second reference b (NULL:
-// none) that start at element `at`
-void gcd_sums_add(gcd_sums *s, const double *g, const double *r, const double *b, size_t n, size_t at);
+void gcd_sums_init(gcd_sums *s, int has_ref);
+// adds n values of g and r (r NULL: no reference, or a None one) that start at element `at`
+void gcd_sums_add(gcd_sums *s, const double *g, const double *r, size_t n, size_t at);
+// 1 when the claimed tolerance does not pass g: only then is the second reference read (gcd_sums_noise,
+// a second pass), which costs a clean tensor nothing
+int gcd_sums_need_noise(const gcd_sums *s, double tol);
+// adds the second reference b's sums over n values of g and r: ||r - b||^2, <g - r, b>, <b,b>
+void gcd_sums_noise(gcd_sums *s, const double *g, const double *r, const double *b, size_t n);
 // 1 when the decision needs ee, the residual of g against c r (c = gr/rr): a second pass of sums_resid
 int gcd_sums_need_resid(const gcd_sums *s, double tol);
 void gcd_sums_resid(gcd_sums *s, const double *g, const double *r, size_t n);

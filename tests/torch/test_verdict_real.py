@@ -440,13 +440,16 @@ def test_clip_projector_bias_before_normalize_should_pass(seed):
 
 
 def test_report_should_give_each_tensor_its_tolerance_and_the_sensitivity():
-    """Two references: every tensor has its measured noise, and the tolerance used says where it came from (the
-    claimed one, or k x the noise where that is larger); one reference: claimed, no noise."""
+    """Two references: the tolerance used says where it came from (the claimed one, or k x the noise where that is
+    larger); the noise is measured (a number) wherever the claimed tolerance did not pass the tensor by itself
+    (only there is the second reference read); one reference: claimed, no noise."""
     report = check_ddp(make_proj, step_plain, proj_batch(), world=2)
     for p in report["runs"][0]["params"]:
         assert isinstance(p.get("tol"), (int, float)) and p["tol"] > 0, p
         assert p.get("tol_source") in ("measured", "claimed"), p
-        assert isinstance(p.get("noise"), (int, float)), p
+        assert p["noise"] is None or isinstance(p["noise"], (int, float)), p
+        if p["tol_source"] == "measured" or p["rel_err"] > p["tol"]:
+            assert isinstance(p.get("noise"), (int, float)), p
     run = report["runs"][0]
     assert "sensitivity" in run or "sensitivity" in report, list(run)
     one = check_ddp(make_proj, step_plain, proj_batch(), world=2, references=1)
