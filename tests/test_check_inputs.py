@@ -627,6 +627,24 @@ def hostile_duplicate_metadata():
 
 
 @case
+def check_writes_no_report_unasked():
+    """Issue 33: check wrote ./reports/ in the current directory unasked. Without --json it writes no report
+    anywhere (and says none); with --json PATH it writes there and prints 'report: PATH'."""
+    d = fresh("unasked")
+    os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
+    w.write_world(os.path.join(d, "dumps"), [{"a": A}] * 2)
+    p = subprocess.run([BIN, "check", "dumps"], cwd=d, stdin=subprocess.DEVNULL, capture_output=True, timeout=TIMEOUT)
+    out = (p.stdout + p.stderr).decode(errors="replace")
+    need(p.returncode == 0, f"check dumps: exit {p.returncode}: {out[-800:]}")
+    need(sorted(os.listdir(d)) == ["dumps"], f"check without --json left {sorted(os.listdir(d))} in its directory")
+    need("report:" not in out, f"check without --json names a report: {out[-400:]}")
+    p = subprocess.run([BIN, "check", "dumps", "--json", "r.json"], cwd=d, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=TIMEOUT)
+    need(p.returncode == 0 and b"\nreport: r.json\n" in p.stdout and os.path.isfile(os.path.join(d, "r.json")),
+         f"check --json r.json: exit {p.returncode}, {p.stdout[-300:]!r}")
+
+
+@case
 def hostile_metadata_100000_keys_in_linear_time():
     """Issue 33: 100,000 __metadata__ keys took 34 s (each key looked up among those before it): now one
     sort. Read within 5 s; the same with the last key a duplicate of the first: exit 2 naming it, within 5 s."""
