@@ -1001,12 +1001,31 @@ def replaced_while_being_read():
 def need_digests(rep):
     """every dump's digest in the report (and the reference's) is what xxh128sum prints for that file"""
     run = rep["runs"][0]
-    files = run["dumps"] + ([run["reference"]] if run["reference"] else [])
+    files = run["dumps"] + ([run["reference"]] if run["reference"] else []) + run.get("local_dumps", [])
     out = subprocess.run(["xxh128sum", *[x["path"] for x in files]], capture_output=True, text=True, check=True).stdout
     want = {os.path.realpath(name.lstrip("*")): h for h, name in (ln.split(None, 1) for ln in out.splitlines())}
     need(len(set(want.values())) == len(files), f"xxh128sum: {len(set(want.values()))} distinct digests for {len(files)} distinct files")
     for x in files:
         need(want.get(os.path.realpath(x["path"])) == x["xxh128"], f"{x['path']}: report xxh128 {x['xxh128']}, xxh128sum {want.get(os.path.realpath(x['path']))}")
+
+
+@case
+def report_lists_and_digests_the_local_dumps_too():
+    """Issue 33: with both stages (reduced and local, as check_ddp gives them), the report names every input it
+    read: the local (pre-reduce) dumps too, under local_dumps, each with its xxh128sum digest."""
+    d = fresh("digest_local")
+    red, loc = os.path.join(d, "reduced"), os.path.join(d, "local")
+    os.makedirs(red), os.makedirs(loc)
+    g = [rnd(3, 4) for _ in range(2)]
+    mean = (g[0] + g[1]) / 2
+    w.write_world(red, [{"w": mean}, {"w": mean}])
+    w.write_world(loc, [{"w": g[0]}, {"w": g[1]}], stage="local")
+    ref = w.write_dump(os.path.join(d, "ref.safetensors"), {"w": mean})
+    _, rep = expect([red, loc, "--ref", ref], 0, report=True)
+    local = rep["runs"][0].get("local_dumps")
+    need(local is not None and sorted(os.path.realpath(x["path"]) for x in local) ==
+         sorted(os.path.realpath(os.path.join(loc, f)) for f in os.listdir(loc)), f"local_dumps: {local}")
+    need_digests(rep)
 
 
 @case

@@ -465,7 +465,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
         for (int k = 0; both && k < set->world; k++) set->local[k] = files[owner[W + k]], files[owner[W + k]].fd = -1, files[owner[W + k]].path = NULL;
         if (both) set->stage = gcd_st_meta(&set->rank[0], "gradcheck.stage");   // the string now lives in set->rank
         plist[f0] = NULL;   // kept as params
-    } else if (n) plist[f0] = NULL;
+    } else if (n && params) plist[f0] = NULL;   // kept as params only when params took it (an earlier failure: freed below)
     for (int i = 0; i < n; i++) {
         if (files[i].path) gcd_st_close(&files[i]);
         if (plist[i]) free_strs(plist[i], pn[i]);
@@ -544,6 +544,10 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     }
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
     set->digest = gcd_malloc((size_t)(set->world + 1) * sizeof *set->digest);
+    if (set->local) {
+        set->local_digest = gcd_malloc((size_t)set->world * sizeof *set->local_digest);
+        for (int k = 0; k < set->world; k++) set->local_digest[k][0] = 0;
+    }
     return 0;
 }
 
@@ -555,7 +559,7 @@ void gcd_check_free(gcd_check_set *set) {
     free(set->shards), free(set->sharded);
     if (set->has_ref) gcd_st_close(&set->ref);
     free(set->rank);
-    free(set->digest);
+    free(set->digest), free(set->local_digest);
     free_strs(set->params, set->nparams);
     memset(set, 0, sizeof *set);
 }
@@ -590,6 +594,9 @@ static void hash_failed(hash_job *h, const char *fmt, ...) {
     pthread_mutex_unlock(&h->mu);
 }
 
+// the files a report names by digest: the ranks' (reduced) dumps, the reference, then the local dumps
+static int hashed_files(const gcd_check_set *set) { return set->world + 1 + (set->local ? set->world : 0); }
+
 static int hash_threads(int files) {
     cpu_set_t cpus;
     int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -609,10 +616,11 @@ static void *hash_files(void *arg) {
         hash_failed(h, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
         goto out;
     }
-    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) <= set->world;) {
-        f = file_of(set, k);
-        if (!f) { set->digest[k][0] = 0; continue; }
-        if (h->inl[k]) continue;
+    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < hashed_files(set);) {
+        char *digest = k <= set->world ? set->digest[k] : set->local_digest[k - set->world - 1];
+        f = k <= set->world ? file_of(set, k) : &set->local[k - set->world - 1];
+        if (!f) { digest[0] = 0; continue; }
+        if (k <= set->world && h->inl[k]) continue;
         XXH3_state_t s;
         XXH3_128bits_reset(&s);
         // from the mapping, no copy, and out of the resident set again piece by piece (16 MiB: page-aligned;
@@ -633,7 +641,7 @@ static void *hash_files(void *arg) {
             at += (uint64_t)got;
         }
         XXH128_hash_t d = XXH3_128bits_digest(&s);
-        gcd_xxh128_hex(d.high64, d.low64, set->digest[k]);
+        gcd_xxh128_hex(d.high64, d.low64, digest);
     }
 out:
     gcd_st_jmp = NULL;
@@ -892,6 +900,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     int pooled = 0;
     for (int k = 0; k <= W && !o->no_hash; k++)
         if (file_of(set, k)) pooled += !(inl[k] = (unsigned char)scan_order_is_file_order(o, set, k));
+    if (!o->no_hash && set->local) pooled += W;   // the local dumps: read by the scan only for what it needs, hashed whole by the pool
     s.xxh = aligned_alloc(64, (size_t)(W + 1) * sizeof *s.xxh), s.hashed = gcd_malloc((size_t)(W + 1) * sizeof *s.hashed);   // XXH3's state: 64-byte aligned
     if (!s.xxh) GCD_FATAL("out of memory for %d digests", W + 1);
     for (int k = 0; k <= W; k++)
@@ -984,6 +993,8 @@ done:
     for (int k = 0; !rc && k < W; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
+    for (int k = 0; !rc && set->local && k < W; k++)
+        if (gcd_st_unchanged(&set->local[k], err, len)) rc = 2;
     free(s.t), free(s.g), free(s.r), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;

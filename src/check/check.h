@@ -29,6 +29,7 @@ typedef struct {
     gcd_st_file ref;            // has_ref
     int has_ref;
     char (*digest)[33];         // (world + 1) XXH3-128 hex digests (xxh128sum), the reference's last
+    char (*local_digest)[33];   // (world) the local dumps' digests when both stages are given, else NULL
     int nparams;
     char **params;              // (nparams) gradcheck.params of rank 0, wrapper prefixes removed (module., _fsdp_wrapped_module., ...)
     struct gcd_shard_map *shards;   // (world + 1) each file's gradcheck.shards (n 0: none)
