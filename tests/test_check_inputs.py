@@ -645,6 +645,25 @@ def check_writes_no_report_unasked():
 
 
 @case
+def more_files_than_the_kernel_maps_is_exit_2():
+    """Issue 33: one dump per rank of a world as large as the format allows (65,536 files, past Linux's default
+    vm.max_map_count) ended in 'out of memory: 7340032 bytes', exit 3. It is the user's input: exit 2, naming
+    the limit, at once."""
+    maps = int(open("/proc/sys/vm/max_map_count").read())
+    n = min(maps - 8192 + 1, 65536)
+    need(n > 0 and maps - 8192 + 1 <= 65536, f"vm.max_map_count {maps}: past what one world of dumps can reach")
+    d = fresh("many_files")
+    g = np.arange(2.0)
+    for k in range(n):
+        with open(os.path.join(d, f"rank{k}.safetensors"), "wb") as f:
+            f.write(w.dump_bytes({"w": g}, rank=k, world=n))
+    t0 = time.monotonic()
+    expect([d], 2, "vm.max_map_count", f"{n} dump files")
+    need(time.monotonic() - t0 < 10, f"{n} files refused after {time.monotonic() - t0:.1f} s")
+    shutil.rmtree(d)
+
+
+@case
 def hostile_metadata_100000_keys_in_linear_time():
     """Issue 33: 100,000 __metadata__ keys took 34 s (each key looked up among those before it): now one
     sort. Read within 5 s; the same with the last key a duplicate of the first: exit 2 naming it, within 5 s."""

@@ -206,6 +206,21 @@ static int load_shards(const gcd_st_file *f, gcd_shard_map *m, char *err, size_t
     return rc;
 }
 
+// Every dump stays mapped for the scan: more files than the kernel maps at once (vm.max_map_count, less
+// room for the program's own mappings) ended in "out of memory: N bytes", exit 3. The user's input: exit 2.
+static int too_many_files(int n, char *err, size_t len) {
+    long maps = 65530;   // Linux's default, when /proc says nothing
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &maps) != 1) maps = 65530;
+        fclose(f);
+    }
+    long room = maps - 8192;
+    if (n <= room) return 0;
+    return fail(err, len, "%d dump files, more than this system can map at once (vm.max_map_count %ld, less 8192 for the program): "
+                          "check at most %ld files at a time", n, maps, room > 0 ? room : 0);
+}
+
 // gcd.params as a list of unique strings
 static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, size_t len) {
     *out = NULL, *n = 0;
@@ -406,6 +421,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     }
     char **paths = NULL;
     int n = 0, rc = expand(o, &paths, &n, err, len);
+    if (!rc) rc = too_many_files(n, err, len);
     gcd_st_file *files = gcd_malloc((size_t)(n ? n : 1) * sizeof *files);
     long *rank = gcd_malloc((size_t)(n ? n : 1) * sizeof *rank), *worlds = gcd_malloc((size_t)(n ? n : 1) * sizeof *worlds);
     char ***plist = gcd_malloc((size_t)(n ? n : 1) * sizeof *plist);
