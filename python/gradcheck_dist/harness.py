@@ -299,16 +299,20 @@ _OUTPUTS = ("reduced", "local", "ranks", "ref", "ref.safetensors", "report.json"
 def _prepare_workdir(outdir):
     """Makes outdir (walked as every output is: no link another user could have planted, dump.open_dir) and
     removes what an earlier call left there (_OUTPUTS, error-*); a link is removed itself, never followed."""
+    import stat
+
     from .dump import open_dir
 
-    os.close(open_dir(outdir))
-    for n in os.listdir(outdir):
-        if n in _OUTPUTS or n.startswith("error-"):
-            f = os.path.join(outdir, n)
-            if os.path.isdir(f) and not os.path.islink(f):
-                shutil.rmtree(f)
-            else:
-                os.unlink(f)
+    dfd = open_dir(outdir)
+    try:   # by the descriptor open_dir checked: outdir swapped for a link meanwhile removes nothing elsewhere
+        for n in os.listdir(dfd):
+            if n in _OUTPUTS or n.startswith("error-"):
+                if stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(n, dir_fd=dfd)
+                else:
+                    os.unlink(n, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def _end_procs(procs):
