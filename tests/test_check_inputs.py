@@ -628,6 +628,43 @@ def hostile_duplicate_metadata():
 
 
 @case
+def check_writes_no_report_unasked():
+    """Issue 33: check wrote ./reports/ in the current directory unasked. Without --json it writes no report
+    anywhere (and says none); with --json PATH it writes there and prints 'report: PATH'."""
+    d = fresh("unasked")
+    os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
+    w.write_world(os.path.join(d, "dumps"), [{"a": A}] * 2)
+    p = subprocess.run([BIN, "check", "dumps"], cwd=d, stdin=subprocess.DEVNULL, capture_output=True, timeout=TIMEOUT)
+    out = (p.stdout + p.stderr).decode(errors="replace")
+    need(p.returncode == 0, f"check dumps: exit {p.returncode}: {out[-800:]}")
+    need(sorted(os.listdir(d)) == ["dumps"], f"check without --json left {sorted(os.listdir(d))} in its directory")
+    need("report:" not in out, f"check without --json names a report: {out[-400:]}")
+    p = subprocess.run([BIN, "check", "dumps", "--json", "r.json"], cwd=d, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=TIMEOUT)
+    need(p.returncode == 0 and b"\nreport: r.json\n" in p.stdout and os.path.isfile(os.path.join(d, "r.json")),
+         f"check --json r.json: exit {p.returncode}, {p.stdout[-300:]!r}")
+
+
+@case
+def more_files_than_the_kernel_maps_is_exit_2():
+    """Issue 33: one dump per rank of a world as large as the format allows (65,536 files, past Linux's default
+    vm.max_map_count) ended in 'out of memory: 7340032 bytes', exit 3. It is the user's input: exit 2, naming
+    the limit, at once."""
+    maps = int(open("/proc/sys/vm/max_map_count").read())
+    n = min(maps - 8192 + 1, 65536)
+    need(n > 0 and maps - 8192 + 1 <= 65536, f"vm.max_map_count {maps}: past what one world of dumps can reach")
+    d = fresh("many_files")
+    g = np.arange(2.0)
+    for k in range(n):
+        with open(os.path.join(d, f"rank{k}.safetensors"), "wb") as f:
+            f.write(w.dump_bytes({"w": g}, rank=k, world=n))
+    t0 = time.monotonic()
+    expect([d], 2, "vm.max_map_count", f"{n} dump files")
+    need(time.monotonic() - t0 < 10, f"{n} files refused after {time.monotonic() - t0:.1f} s")
+    shutil.rmtree(d)
+
+
+@case
 def hostile_metadata_100000_keys_in_linear_time():
     """Issue 33: 100,000 __metadata__ keys took 34 s (each key looked up among those before it): now one
     sort. Read within 5 s; the same with the last key a duplicate of the first: exit 2 naming it, within 5 s."""
@@ -984,12 +1021,31 @@ def replaced_while_being_read():
 def need_digests(rep):
     """every dump's digest in the report (and the reference's) is what xxh128sum prints for that file"""
     run = rep["runs"][0]
-    files = run["dumps"] + ([run["reference"]] if run["reference"] else [])
+    files = run["dumps"] + ([run["reference"]] if run["reference"] else []) + run.get("local_dumps", [])
     out = subprocess.run(["xxh128sum", *[x["path"] for x in files]], capture_output=True, text=True, check=True).stdout
     want = {os.path.realpath(name.lstrip("*")): h for h, name in (ln.split(None, 1) for ln in out.splitlines())}
     need(len(set(want.values())) == len(files), f"xxh128sum: {len(set(want.values()))} distinct digests for {len(files)} distinct files")
     for x in files:
         need(want.get(os.path.realpath(x["path"])) == x["xxh128"], f"{x['path']}: report xxh128 {x['xxh128']}, xxh128sum {want.get(os.path.realpath(x['path']))}")
+
+
+@case
+def report_lists_and_digests_the_local_dumps_too():
+    """Issue 33: with both stages (reduced and local, as check_ddp gives them), the report names every input it
+    read: the local (pre-reduce) dumps too, under local_dumps, each with its xxh128sum digest."""
+    d = fresh("digest_local")
+    red, loc = os.path.join(d, "reduced"), os.path.join(d, "local")
+    os.makedirs(red), os.makedirs(loc)
+    g = [rnd(3, 4) for _ in range(2)]
+    mean = (g[0] + g[1]) / 2
+    w.write_world(red, [{"w": mean}, {"w": mean}])
+    w.write_world(loc, [{"w": g[0]}, {"w": g[1]}], stage="local")
+    ref = w.write_dump(os.path.join(d, "ref.safetensors"), {"w": mean})
+    _, rep = expect([red, loc, "--ref", ref], 0, report=True)
+    local = rep["runs"][0].get("local_dumps")
+    need(local is not None and sorted(os.path.realpath(x["path"]) for x in local) ==
+         sorted(os.path.realpath(os.path.join(loc, f)) for f in os.listdir(loc)), f"local_dumps: {local}")
+    need_digests(rep)
 
 
 @case

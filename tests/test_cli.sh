@@ -38,7 +38,7 @@ usage_error --batch run --probe contrastive --batch 1048576 --dim-img 1048576
 usage_error --steps run --steps 1000000
 usage_error --lr run --lr 0
 usage_error --batch run --batch 0
-usage_error --hostfile run --hostfile /nonexistent/hosts
+usage_error --hostfile run --hostfile "$work/no-such-dir/hosts"   # absent: made by no one but this test
 usage_error --backend run --backend gloo
 usage_error --local-loss run --probe simplenet --local-loss
 usage_error --no-json run --no-json --json x.json
@@ -326,9 +326,9 @@ out=$("$G" run --world 3 --hostfile few.hosts --no-json 2>&1) && rc=0 || rc=$?
 [ $rc = 3 ] || fail "a hostfile with too few slots exited $rc, expected 3: $out"
 grep -q "not enough slots" <<<"$out" || fail "mpirun's own message must be shown: $out"
 grep -q "before rank 0 gave its verdict" <<<"$out" || fail "the launcher must say the job ended without a verdict: $out"
-usage_error --json run --json /nonexistent/x.json
+usage_error --json run --json "$work/no-such-dir/x.json"
 usage_error --json run --json .
-[ ! -e /nonexistent ] || fail "a usage error created /nonexistent"
+[ ! -e "$work/no-such-dir" ] || fail "a usage error created $work/no-such-dir"
 # the code the text prints is the code the process returns, and a device is written, never replaced
 "$G" run --world 2 --probe simplenet --mode on --json /dev/full >full.txt 2>&1
 rc=$?

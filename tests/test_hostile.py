@@ -18,6 +18,8 @@ echoes:  every name from outside that the tool prints back (issue 33): an unknow
          the --json/--junit path on the "report:"/"junit:" lines, SLURM_MPI_TYPE; escaped like dump
          strings. Environment that is not what Slurm or mpirun writes (SLURM_TASKS_PER_NODE past any
          count, OMPI_COMM_WORLD_SIZE=garbage) and a --json path longer than PATH_MAX: exit 2 naming it.
+tmpdir:  as root, run with TMPDIR on a nearly full file system (a 256 KiB tmpfs with 24 KiB free): exit 3
+         within 10 s naming TMPDIR, and nothing left there (was: 50 s, then Open MPI's ompi.HOST.UID left).
 Each class prints "CLASS: held X/Y"; the last line is "N passed, M failed" (cases).
 """
 import json
@@ -39,7 +41,7 @@ import numpy as np  # noqa: E402
 import st_writer as w  # noqa: E402
 
 GCD = os.path.abspath(sys.argv[1])
-CLASSES = sys.argv[2:] or ["forged", "links", "streams", "bounds", "echoes"]
+CLASSES = sys.argv[2:] or ["forged", "links", "streams", "bounds", "echoes", "tmpdir"]
 TMP = tempfile.mkdtemp(prefix="gcd-hostile-")
 os.chmod(TMP, 0o755)
 held = {}
@@ -547,6 +549,27 @@ def echoes():
         case(cls, p.returncode == 2 and b"PATH_MAX" in p.stderr, f"check {flag} a 100 KB path: exit {p.returncode} {p.stderr[-160:]!r}")
 
 
+def tmpdir():
+    cls = "tmpdir"
+    mnt = os.path.join(TMP, "full")
+    os.makedirs(mnt)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", mnt], capture_output=True)
+    if not case(cls, p.returncode == 0, f"mount a 256 KiB tmpfs (root): {p.stderr[-200:]!r}"):
+        return
+    try:
+        with open(os.path.join(mnt, "fill"), "wb") as f:
+            f.write(b"\0" * (232 << 10))
+        t0 = time.time()
+        p = gcd(["run", "--world", "2", "--probe", "simplenet", "--timeout", "10", "--no-json"], timeout=120,
+                env=dict(os.environ, TMPDIR=mnt))
+        took = time.time() - t0
+        left = sorted(set(os.listdir(mnt)) - {"fill"})
+        case(cls, p.returncode == 3 and b"TMPDIR" in p.stderr and took < 10 and not left,
+             f"run with TMPDIR nearly full: exit {p.returncode} in {took:.1f} s, left {left}, {p.stderr[-200:]!r}")
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
 if __name__ == "__main__":
     if os.geteuid() != 0 and "links" in CLASSES:
         print("test_hostile: links needs root (a second user plants the links): run as root", file=sys.stderr)
@@ -554,7 +577,7 @@ if __name__ == "__main__":
     os.chmod(TMP, 0o755)
     try:
         for c in CLASSES:
-            {"forged": forged, "links": links, "streams": streams, "bounds": bounds, "echoes": echoes}[c]()
+            {"forged": forged, "links": links, "streams": streams, "bounds": bounds, "echoes": echoes, "tmpdir": tmpdir}[c]()
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
     for c, (h, n) in held.items():

@@ -113,12 +113,12 @@ usage_error() {   # ARGS...
     [ "$(wc -l <<<"$out")" = 1 ] || fail "'$*': expected one line, got: $out"
 }
 mkdir d
-usage_error run --junit /nonexistent/x.xml
+usage_error run --junit "$work/no-such-dir/x.xml"   # a path this test knows is absent (never /nonexistent: a machine may have one)
 usage_error run --junit d
 usage_error run --junit
 usage_error run --json same.xml --junit same.xml
 usage_error run --json - --junit -
-usage_error check d --junit /nonexistent/x.xml
+usage_error check d --junit "$work/no-such-dir/x.xml"
 usage_error check d --no-json --junit d
 [ ! -e reports ] && [ ! -e same.xml ] || fail "a usage error left files: $(ls)"
 

@@ -397,14 +397,17 @@ def _prepare(t, dtype, name):
     return t
 
 
-def _refuse_non_regular(path):
+def _refuse_non_regular(path, dfd=None):
+    """path (its last name, relative to the directory descriptor dfd when given) must be absent, a regular file
+    or a link (the rename replaces the link, never its target): anything else is refused."""
+    name = os.path.basename(path) if dfd is not None else path
     try:
-        st = os.lstat(path)
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode):
         try:
-            st = os.stat(path)
+            st = os.stat(name, dir_fd=dfd)
         except FileNotFoundError:
             return  # a dangling link: replaced by the rename (the link, never its target)
     if not stat.S_ISREG(st.st_mode):
@@ -414,16 +417,96 @@ def _refuse_non_regular(path):
         raise DumpPathError(f"{path}: {kind}, not a regular file: the dump writer will not replace it")
 
 
-def _tmp_open(d):
-    """A new file in d under a short name (a 255-byte target name still leaves room): (fd, path)."""
+def _tmp_open(dfd):
+    """A new file in the directory dfd under a short name (a 255-byte target name still leaves room): (fd, name)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
-        tmp = os.path.join(d, f".gcd-{secrets.token_hex(6)}.tmp")
+        tmp = f".gcd-{secrets.token_hex(6)}.tmp"
         try:
-            return os.open(tmp, flags, 0o644), tmp
+            return os.open(tmp, flags, 0o600, dir_fd=dfd), tmp
         except FileExistsError:
             continue
-    raise FileExistsError(f"no free temporary name in {d}")
+    raise FileExistsError("no free temporary name")
+
+
+def _trusted_dir(st):
+    """A directory no other user controls: owned by this user or root, not group/world-writable unless sticky."""
+    return st.st_uid in (0, os.geteuid()) and (not st.st_mode & 0o022 or st.st_mode & stat.S_ISVTX)
+
+
+def open_dir(d, create=True):
+    """A descriptor of directory d, walked one name at a time from / as the C side walks a report's path
+    (src/report/report_io.c): a link is followed only when nobody else could have planted it (owned by this
+    user or root, in a directory no other user controls); a name that is not a directory, or a link another
+    user could have planted, is refused (DumpPathError, naming both). Missing directories are made (create)."""
+    d = os.path.abspath(os.fspath(d))
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open("/", flags)
+    try:
+        for name in [c for c in d.split("/") if c]:
+            for _ in range(3):   # made by another process between the look and the mkdir: look again
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    break
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(name, 0o777, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+            if stat.S_ISLNK(st.st_mode):
+                parent = os.fstat(fd)
+                if not (st.st_uid in (0, os.geteuid()) and _trusted_dir(parent)):
+                    raise DumpPathError(f"{d}: '{name}' is a link that another user could have planted (link owner uid "
+                                        f"{st.st_uid}, directory owner uid {parent.st_uid}): not followed")
+                nfd = os.open(name, flags, dir_fd=fd)
+            else:
+                try:
+                    nfd = os.open(name, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+                except (NotADirectoryError, OSError) as e:
+                    raise DumpPathError(f"{d}: '{name}' is not a directory this writer enters ({e.strerror})") from None
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _replace(dfd, tmp, path):
+    """fsync'd tmp renamed over path's last name in the directory dfd, after path was checked again."""
+    _refuse_non_regular(path, dfd)
+    os.replace(tmp, os.path.basename(path), src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def safe_write(path, data, mode=0o666):
+    """Writes bytes (or str, UTF-8) to path as every file of this package is written: the directory walked
+    by open_dir (no link another user could have planted), a temporary created O_EXCL|O_NOFOLLOW beside the
+    target, written, fchmod to the umask's mode, fsync'd, renamed over it; a device, FIFO or directory at path
+    is refused (DumpPathError). mode: before the umask. Returns the path."""
+    path = os.fspath(path)
+    if isinstance(data, str):
+        data = data.encode()
+    dfd = open_dir(os.path.dirname(os.path.abspath(path)))
+    tmp = None
+    try:
+        _refuse_non_regular(path, dfd)
+        fd, tmp = _tmp_open(dfd)
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            _write_all(f, memoryview(data))
+            os.fchmod(f.fileno(), mode & ~_umask())
+            os.fsync(f.fileno())
+        _replace(dfd, tmp, path)
+        tmp = None
+        return path
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)
 
 
 _CHUNK = 64 << 20
@@ -477,9 +560,15 @@ def stream_write(path, tensors, metadata, dtype=None):
     if sys.byteorder != "little":
         raise RuntimeError("the built-in writer needs a little-endian host")
     path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    _refuse_non_regular(path)
+    dfd = open_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        return _stream_write_at(dfd, path, tensors, metadata, dtype)
+    finally:
+        os.close(dfd)
+
+
+def _stream_write_at(dfd, path, tensors, metadata, dtype):
+    _refuse_non_regular(path, dfd)
     header, order, offset = {}, [], 0
     for name, t in tensors.items():
         t = _prepare(t, dtype, name)
@@ -491,19 +580,18 @@ def stream_write(path, tensors, metadata, dtype=None):
     header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    fd, tmp = _tmp_open(d)
+    fd, tmp = _tmp_open(dfd)
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
             _write_all(f, memoryview(struct.pack("<Q", len(text)) + text))
             pinned = {}
             for name in order:  # converted again here, one at a time: never all the copies at once
                 _write_tensor(f, _prepare(tensors[name], dtype, name), pinned)
-            os.fchmod(f.fileno(), 0o644 & ~_umask())
-        _refuse_non_regular(path)
-        os.replace(tmp, path)
+            os.fchmod(f.fileno(), 0o644 & ~_umask())   # no fsync: dumps are GBs and rewritten by a rerun (docs/python.md)
+        _replace(dfd, tmp, path)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
         raise
@@ -553,24 +641,11 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
     meta.update(_versions())
     meta.update({str(k): str(v) for k, v in (extra_metadata or {}).items()})
     if _use_safetensors(writer):
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        path = os.fspath(path)
-        d = os.path.dirname(os.path.abspath(path))
-        os.makedirs(d, exist_ok=True)
-        _refuse_non_regular(path)
-        fd, tmp = _tmp_open(d)
-        os.close(fd)
-        try:
-            save_file({n: _prepare(t, dtype, n).cpu().clone() for n, t in tensors.items()}, tmp, metadata=meta)
-            os.chmod(tmp, 0o644 & ~_umask())
-            _refuse_non_regular(path)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        # bytes, then written as every file here is (safe_write): safetensors' own save_file opens a path
+        return safe_write(path, save({n: _prepare(t, dtype, n).cpu().clone() for n, t in tensors.items()},
+                                     metadata=meta), mode=0o644)
     return stream_write(path, tensors, meta, dtype)
 
 

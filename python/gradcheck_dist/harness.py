@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -176,9 +177,9 @@ def _ticket(binary, outdir):
         return None
     if p.returncode not in (0, 1) or not p.stdout:
         return None
-    with open(dst, "w") as f:
-        f.write(p.stdout)
-    return dst
+    from .dump import safe_write
+
+    return safe_write(dst, p.stdout)   # never through a link planted in the workdir (issue 33)
 
 
 def _kept(outdir):
@@ -366,8 +367,12 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
         finally:
             dist.destroy_process_group()
     except BaseException:
-        with open(os.path.join(outdir, f"error-{name}.txt"), "w") as f:
-            f.write(traceback.format_exc())
+        try:
+            from .dump import safe_write
+
+            safe_write(os.path.join(outdir, f"error-{name}.txt"), traceback.format_exc())
+        except BaseException:
+            traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
 
@@ -387,6 +392,53 @@ def _start_method(start_method, payload):
     if start_method != "fork" and data is None:
         pickle.dumps(payload)  # raises, naming what does not pickle
     return start_method, (data if start_method != "fork" else payload)
+
+
+MAX_WORLD = 256   # processes of a whole torch each: more is a typo (10**6 forked until the machine stopped)
+
+
+def _check_world(world):
+    """world: an int from 1 to MAX_WORLD, refused before anything starts (not "4", 2.0, True, 0, -1)."""
+    if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD:
+        raise ValueError(f"world must be an int from 1 to {MAX_WORLD} (one process each), not {world!r}")
+
+
+# what a call leaves in its workdir: a second call clears them first (a world-4 call's rank2/rank3 dumps must
+# not join a world-2 check)
+_OUTPUTS = ("reduced", "local", "ranks", "ref", "ref-permuted", "ref.safetensors", "ref-permuted.safetensors", "report.json", "ticket.md")
+
+
+def _prepare_workdir(outdir):
+    """Makes outdir (walked as every output is: no link another user could have planted, dump.open_dir) and
+    removes what an earlier call left there (_OUTPUTS, error-*); a link is removed itself, never followed."""
+    import stat
+
+    from .dump import open_dir
+
+    dfd = open_dir(outdir)
+    try:   # by the descriptor open_dir checked: outdir swapped for a link meanwhile removes nothing elsewhere
+        for n in os.listdir(dfd):
+            if n in _OUTPUTS or n.startswith("error-"):
+                if stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(n, dir_fd=dfd)
+                else:
+                    os.unlink(n, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _end_procs(procs):
+    """Every process still running is killed, by pid, and joined: on every path out of a call (an exception,
+    KeyboardInterrupt); the ones already joined are left alone (their pid may be another's now)."""
+    for p in procs:
+        if p.pid is not None and p.exitcode is None:
+            try:
+                p.kill()
+            except OSError:
+                pass
+    for p in procs:
+        if p.pid is not None:
+            p.join(10)
 
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
@@ -416,6 +468,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
     the exception names it.
     """
+    _check_world(world)
     if references not in (1, 2):
         raise ValueError(f"references must be 1 or 2, not {references!r}")
     bin_path = find_binary(binary)  # before any rank starts
@@ -426,12 +479,10 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     outdir = tempfile.mkdtemp(prefix="gcd-ddp-") if own else os.path.abspath(os.fspath(workdir))
     what = f"check_ddp world {world}"
     ok = False
+    procs, pgdir = [], tempfile.mkdtemp(prefix="gcd-pg-")   # gloo's init file: private, never in a shared workdir
     try:
-        os.makedirs(outdir, exist_ok=True)
-        for n in os.listdir(outdir):
-            if n.startswith("error-"):
-                os.unlink(os.path.join(outdir, n))
-        initfile = os.path.join(outdir, f"pg-init-{os.getpid()}-{time.monotonic_ns()}")
+        _prepare_workdir(outdir)
+        initfile = os.path.join(pgdir, "init")
         ctx = mp.get_context(method)
         if method == "forkserver":
             ctx.set_forkserver_preload(["torch", "torch.distributed"])  # never this package: the children take the caller's sys.path
@@ -463,12 +514,13 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         out = _verdict(rc, report, text, what, outdir, bin_path)
         ok = True
         return out
+    except (GradcheckFailure, HarnessError):
+        ok = None   # kept: the exception names the directory and what is in it
+        raise
     finally:
-        try:
-            os.unlink(initfile)
-        except (OSError, NameError):
-            pass
-        if own and ok:
+        _end_procs(procs)
+        shutil.rmtree(pgdir, ignore_errors=True)
+        if own and ok is not None:   # a pass, or an interrupt or error that names no directory: removed
             shutil.rmtree(outdir, ignore_errors=True)
 
 
@@ -492,21 +544,41 @@ def _run_group(cmd, env, timeout, what, outdir):
                              text=True, start_new_session=True)
     except OSError as e:
         raise HarnessError(f"{what}: could not start {cmd[0]}: {e}", outdir) from e
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.append(p.stdout.read()), daemon=True)
+    reader.start()
+    exited = False
     try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        raise HarnessError(f"{what}: still running after {timeout} s; killed\n{out[-4000:]}\n{_kept(outdir)}",
-                           outdir) from None
+        exited = _wait_unreaped(p.pid, timeout)
     finally:
-        try:  # a rank left behind by a failed launch
+        # the leader is at most a zombie until p.wait() below: its group id is still ours to signal (a rank left
+        # behind by a failed launch, all of them on a timeout or KeyboardInterrupt: every path goes through here)
+        try:
             os.killpg(p.pid, signal.SIGKILL)
         except OSError:
             pass
+        p.wait()
+        reader.join(10)
+    out = "".join(c for c in chunks if c)
+    if not exited:
+        raise HarnessError(f"{what}: still running after {timeout} s; killed\n{out[-4000:]}\n{_kept(outdir)}", outdir)
     if p.returncode:
         raise HarnessError(f"{what}: exited {p.returncode}\n{out[-6000:]}\n{_kept(outdir)}", outdir)
     return out
+
+
+def _wait_unreaped(pid, timeout):
+    """True once child pid has exited (left unreaped: WNOWAIT), False at the deadline. KeyboardInterrupt passes
+    through; the caller's kill of the group then still finds the group ours."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
@@ -533,6 +605,7 @@ def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=Non
     B: each tensor's rounding noise measured); 1: one reference.
     workdir as for check_ddp: kept, with report.json and ticket.md, after a failure, and named in the exception.
     """
+    _check_world(world)
     if references not in (1, 2):
         raise ValueError(f"references must be 1 or 2, not {references!r}")
     accumulate_grad_batches = int(accumulate_grad_batches)
@@ -544,7 +617,7 @@ def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=Non
     outdir = tempfile.mkdtemp(prefix="gcd-pl-") if own else os.path.abspath(os.fspath(workdir))
     ok = False
     try:
-        os.makedirs(outdir, exist_ok=True)
+        _prepare_workdir(outdir)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__))] + sys.path))
         env.pop("MASTER_PORT", None)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -567,6 +640,9 @@ def check_lightning(make_module, make_batch, world=4, seed=0, ignore=(), tol=Non
         out = _verdict(rc, report, text, f"check_lightning world {world}", outdir, bin_path)
         ok = True
         return out
+    except (GradcheckFailure, HarnessError):
+        ok = None   # kept: the exception names the directory and what is in it
+        raise
     finally:
-        if own and ok:
+        if own and ok is not None:   # a pass, or an interrupt or error that names no directory: removed
             shutil.rmtree(outdir, ignore_errors=True)

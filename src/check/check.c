@@ -214,6 +214,21 @@ static int load_shards(const gcd_st_file *f, gcd_shard_map *m, char *err, size_t
     return rc;
 }
 
+// Every dump stays mapped for the scan: more files than the kernel maps at once (vm.max_map_count, less
+// room for the program's own mappings) ended in "out of memory: N bytes", exit 3. The user's input: exit 2.
+static int too_many_files(int n, char *err, size_t len) {
+    long maps = 65530;   // Linux's default, when /proc says nothing
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &maps) != 1) maps = 65530;
+        fclose(f);
+    }
+    long room = maps - 8192;
+    if (n <= room) return 0;
+    return fail(err, len, "%d dump files, more than this system can map at once (vm.max_map_count %ld, less 8192 for the program): "
+                          "check at most %ld files at a time", n, maps, room > 0 ? room : 0);
+}
+
 // gcd.params as a list of unique strings
 static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, size_t len) {
     *out = NULL, *n = 0;
@@ -531,6 +546,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     }
     char **paths = NULL;
     int n = 0, rc = expand(o, &paths, &n, err, len);
+    if (!rc) rc = too_many_files(n, err, len);
     gcd_st_file *files = gcd_malloc((size_t)(n ? n : 1) * sizeof *files);
     long *rank = gcd_malloc((size_t)(n ? n : 1) * sizeof *rank), *worlds = gcd_malloc((size_t)(n ? n : 1) * sizeof *worlds);
     char ***plist = gcd_malloc((size_t)(n ? n : 1) * sizeof *plist);
@@ -657,6 +673,10 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     if (set->precision) snprintf(set->tol_reason, sizeof set->tol_reason, "gradcheck.precision=%s", set->precision);
     set->tol = o->tol > 0 ? o->tol : set->tol_default;
     set->digest = gcd_malloc((size_t)nfiles(set) * sizeof *set->digest);
+    if (set->local) {
+        set->local_digest = gcd_malloc((size_t)set->world * sizeof *set->local_digest);
+        for (int k = 0; k < set->world; k++) set->local_digest[k][0] = 0;
+    }
     return 0;
 }
 
@@ -670,7 +690,7 @@ void gcd_check_free(gcd_check_set *set) {
     if (set->has_ref) gcd_st_close(&set->ref);
     if (set->has_ref2) gcd_st_close(&set->ref2);
     free(set->rank);
-    free(set->digest);
+    free(set->digest), free(set->local_digest);
     free_strs(set->params, set->nparams);
     memset(set, 0, sizeof *set);
 }
@@ -705,6 +725,9 @@ static void hash_failed(hash_job *h, const char *fmt, ...) {
     pthread_mutex_unlock(&h->mu);
 }
 
+// the files a report names by digest: the ranks' (reduced) dumps, the references, then the local dumps
+static int hashed_files(const gcd_check_set *set) { return nfiles(set) + (set->local ? set->world : 0); }
+
 static int hash_threads(int files) {
     cpu_set_t cpus;
     int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -724,10 +747,11 @@ static void *hash_files(void *arg) {
         hash_failed(h, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
         goto out;
     }
-    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < nfiles(set);) {
-        f = file_of(set, k);
-        if (!f) { set->digest[k][0] = 0; continue; }
-        if (h->inl[k]) continue;
+    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < hashed_files(set);) {
+        char *digest = k < nfiles(set) ? set->digest[k] : set->local_digest[k - nfiles(set)];
+        f = k < nfiles(set) ? file_of(set, k) : &set->local[k - nfiles(set)];
+        if (!f) { digest[0] = 0; continue; }
+        if (k < nfiles(set) && h->inl[k]) continue;
         XXH3_state_t s;
         XXH3_128bits_reset(&s);
         // from the mapping, no copy, and out of the resident set again piece by piece (16 MiB: page-aligned;
@@ -748,7 +772,7 @@ static void *hash_files(void *arg) {
             at += (uint64_t)got;
         }
         XXH128_hash_t d = XXH3_128bits_digest(&s);
-        gcd_xxh128_hex(d.high64, d.low64, set->digest[k]);
+        gcd_xxh128_hex(d.high64, d.low64, digest);
     }
 out:
     gcd_st_jmp = NULL;
@@ -1073,6 +1097,7 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
     int pooled = 0;
     for (int k = 0; k < NF && !o->no_hash; k++)
         if (file_of(set, k)) pooled += !(inl[k] = (unsigned char)scan_order_is_file_order(o, set, k));
+    if (!o->no_hash && set->local) pooled += W;   // the local dumps: read by the scan only for what it needs, hashed whole by the pool
     s.xxh = aligned_alloc(64, (size_t)NF * sizeof *s.xxh), s.hashed = gcd_malloc((size_t)NF * sizeof *s.hashed);   // XXH3's state: 64-byte aligned
     if (!s.xxh) GCD_FATAL("out of memory for %d digests", NF);
     for (int k = 0; k < NF; k++)
@@ -1182,6 +1207,8 @@ done:
         if (gcd_st_unchanged(&set->rank[k], err, len)) rc = 2;
     if (!rc && set->has_ref && gcd_st_unchanged(&set->ref, err, len)) rc = 2;
     if (!rc && set->has_ref2 && gcd_st_unchanged(&set->ref2, err, len)) rc = 2;
+    for (int k = 0; !rc && set->local && k < W; k++)
+        if (gcd_st_unchanged(&set->local[k], err, len)) rc = 2;
     free(s.t), free(s.g), free(s.r), free(s.r2), free(s.tmp), free(s.sq), free(s.dsq), free(s.start), free(s.twin), free(s.held), free(s.xxh), free(s.hashed), free(inl);
     if (!rc) gcd_verdict(res);
     return rc;

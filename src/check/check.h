@@ -31,6 +31,7 @@ typedef struct {
     gcd_st_file ref, ref2;      // has_ref, has_ref2: the reference, and the same in another order
     int has_ref, has_ref2;
     char (*digest)[33];         // (world + 2) XXH3-128 hex digests (xxh128sum), the references' last
+    char (*local_digest)[33];   // (world) the local dumps' digests when both stages are given, else NULL
     int nparams;
     char **params;              // (nparams) gradcheck.params of rank 0, wrapper prefixes removed (module., _fsdp_wrapped_module., ...)
     struct gcd_shard_map *shards;   // (world + 1) each file's gradcheck.shards (n 0: none)

@@ -73,6 +73,7 @@ int check_main(int argc, char **argv) {
     }
     if (!rc && !o.ndumps) rc = bad("check", "%s", "missing DUMP... or DIR (one safetensors dump per rank; see check --snippet)");
     if (!rc && no_json && json) rc = bad("--no-json", "%s", "conflicts with --json");
+    if (!json) no_json = 1;   // check writes its JSON report only where asked (--json): never a reports/ here unasked
     if (!rc && !no_json) rc = report_path_ok("--json", json);
     if (!rc && junit) rc = junit_path_ok(junit, json);
     o.no_hash = no_json;   // the digest of each dump goes into the report; without one, no hashing

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,6 +94,22 @@ static int feasible(const options *o, int world) {
         return bad("--batch", "%s", msg);
     }
     return 0;
+}
+
+// Open MPI keeps its session files (and the shared-memory segments' backing files) in TMPDIR: a nearly
+// full one made mpirun wait out the start deadline (--timeout + 40 s) and leave its ompi.HOST.UID there.
+// Refused before anything starts, naming TMPDIR and what is free (exit 3: the machine, not an argument).
+enum { GCD_TMPDIR_MIN_MB = 64 };
+static int tmpdir_room(const char *tmpdir, int world) {
+    struct statvfs fs;
+    if (statvfs(tmpdir, &fs) != 0) return 0;   // mkdtemp below says why it cannot
+    double have = (double)fs.f_bavail * (double)fs.f_frsize, need = (double)GCD_TMPDIR_MIN_MB * 1048576.0;
+    if (have >= need) return 0;
+    char *t = gcd_term_str(tmpdir);
+    fprintf(stderr, "gradcheck-dist: TMPDIR %s has %.0f KiB free; Open MPI keeps its session files there (%d ranks): "
+                    "free %d MiB there or point TMPDIR at another directory\n", t, have / 1024, world, GCD_TMPDIR_MIN_MB);
+    free(t);
+    return 3;
 }
 
 // ----------------------------------------------------------------------------
@@ -489,6 +506,7 @@ int launch(const options *o, int argc, char **argv) {
     if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
     exe[k] = 0;
     const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    if ((rc = tmpdir_room(tmpdir, world))) return rc;
     char dir[PATH_MAX], result[PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s/gradcheck-dist.XXXXXX", tmpdir);
     if (!mkdtemp(dir)) return fprintf(stderr, "gradcheck-dist: mkdtemp %s: %s\n", dir, strerror(errno)), 3;

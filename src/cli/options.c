@@ -52,9 +52,9 @@ const gcd_option gcd_options[] = {
       "every tensor's relative tolerance (default per tensor: its dtypes and the recorded\n"
       "precision, F64 1e-9, F32 1e-5, F16/BF16 1e-2; or its noise, with two --ref)" },
     { OPT_JSON, "--json", CMD_RUN | CMD_CHECK, "PATH|-", NULL,
-      "where the JSON report goes (default reports/gradcheck-<UTC time>.json;\n"
-      "-: stdout, and the table goes to stderr)" },
-    { OPT_NO_JSON, "--no-json", CMD_RUN | CMD_CHECK, NULL, NULL, "write no report" },
+      "where the JSON report goes (run: default reports/gradcheck-<UTC time>.json;\n"
+      "check: none without --json; -: stdout, and the table goes to stderr)" },
+    { OPT_NO_JSON, "--no-json", CMD_RUN | CMD_CHECK, NULL, NULL, "write no report (check's default)" },
     { OPT_JUNIT, "--junit", CMD_RUN | CMD_CHECK, "PATH|-", NULL, "also write the result as JUnit XML for CI (also with --no-json)" },
     { OPT_SUMMARY_ONLY, "--summary-only", CMD_RUN, NULL, NULL, "leave tensor values out of the report, keep the statuses" },
     { OPT_FULL, "--full", CMD_RUN, NULL, NULL, "every tensor's values (default: one over 4096 elements as its norm and first 16)" },

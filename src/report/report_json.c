@@ -262,9 +262,8 @@ void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_r
     const char *result = exit_code == 0 ? "pass" : exit_code == 1 ? "fail" : "error";
     cJSON_ReplaceItemInObject(doc, "result", chk(cJSON_CreateString(result)));
     cJSON_ReplaceItemInObject(doc, "exit_code", chk(cJSON_CreateNumber(exit_code)));
-    cJSON *e = cJSON_CreateNull();
+    cJSON *e = error ? chk(cJSON_CreateObject()) : cJSON_CreateNull();   // one or the other: the null leaked when error was set
     if (error) {
-        e = chk(cJSON_CreateObject());
         put(e, "message", cJSON_CreateString(error));
         put(e, "rank", cJSON_CreateNumber(error_rank));
     }
@@ -325,6 +324,10 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "precision", str_or_null(set->precision));
     put(r, "noise_k", num(GCD_NOISE_K));
     put(r, "sensitivity", isfinite(res->sensitivity) ? num(res->sensitivity) : cJSON_CreateNull());
+    if (set->local) {   // every input read is named and digested: the local (pre-reduce) dumps too
+        cJSON *local = put(r, "local_dumps", cJSON_CreateArray());
+        for (int k = 0; k < set->world; k++) push(local, dump_entry(&set->local[k], k, set->local_digest[k]));
+    }
     cJSON *ps = put(r, "params", cJSON_CreateArray());
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
