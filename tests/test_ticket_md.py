@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import atexit
+import shutil
 
 import jsonschema
 
@@ -53,7 +55,9 @@ def lines(text, prefix):
     return [line for line in text.split("\n") if line.startswith(prefix)]
 
 
-os.chdir(tempfile.mkdtemp(prefix="test_ticket_md."))
+WORK = tempfile.mkdtemp(prefix="test_ticket_md.")
+atexit.register(shutil.rmtree, WORK, True)   # the test removes what it made (issue 33)
+os.chdir(WORK)
 version = run("--version").split("\n")[0].split()[-1]   # "gradcheck-dist X.Y.Z", then the BLAS line
 schema = json.load(open(os.path.join(SRC, "reports", "schema.json")))
 

@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import atexit
+import shutil
 
 G = os.path.abspath(sys.argv[1])
 TOL = 1e-12
@@ -46,7 +48,10 @@ except ImportError as e:
     print(f"{passed} passed, {failed} failed")
     sys.exit(1)
 
-os.chdir(tempfile.mkdtemp(prefix="test_ticket_repro."))
+WORK = tempfile.mkdtemp(prefix="test_ticket_repro.")
+atexit.register(shutil.rmtree, WORK, True)   # the test removes what it made (issue 33)
+os.environ["TMPDIR"] = WORK   # and what its torch processes make (torch.distributed.nn writes a module to TMPDIR)
+os.chdir(WORK)
 for k, (args, from_json) in enumerate(RUNS):
     name = f"run{k}.json"
     what = " ".join(args)

@@ -23,9 +23,10 @@ if [ "$test" = --listed ]; then   # run.sh SRC BIN --listed NAME...: ctest's lis
     exit 0
 fi
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+tmp=$(mktemp -d)   # the test's private TMPDIR: what it keeps (a failing check's workdir, torch's own) goes with it (issue 33)
+trap 'rm -f "$out"; rm -rf "$tmp"' EXIT
 case $test in */*) target=$test ;; *) target=tests/zoo/test_zoo.py::$test ;; esac   # or a file of the torch2 tier
-GRADCHECK_DIST=$bin PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -p no:cacheprovider --runxfail -rsx \
+TMPDIR=$tmp GRADCHECK_DIST=$bin PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -p no:cacheprovider --runxfail -rsx \
     "$target" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || exit "$rc"
