@@ -828,3 +828,30 @@ def test_run_check_should_find_the_second_reference_or_say_where_it_is_missing(t
     for n in (2, 3, 16):
         p = permutation(n)
         assert sorted(p.tolist()) == list(range(n)) and p.tolist() != list(range(n)), p
+
+
+# ---- a batch whose rows cannot be permuted alike: one reference, said, no harness error
+
+
+class _Lin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.l(x).pow(2).mean()
+
+
+def make_lin():
+    return _Lin()
+
+
+def step_first(model, batch, rank, world):
+    return model(batch[0])   # batch[1] (2 rows, not 8) rides along unused
+
+
+def test_unpermutable_batch_should_fall_back_to_one_reference_with_a_warning():
+    batch = (torch.randn(8, 3, generator=torch.Generator().manual_seed(3)), torch.zeros(2))
+    with pytest.warns(UserWarning, match="no second reference"):
+        report = check_ddp(make_lin, step_first, batch, world=2)
+    assert report["runs"][0].get("reference2") is None, report["runs"][0].get("reference2")
