@@ -302,6 +302,13 @@ static const gcd_st_file *file_of(const gcd_check_set *set, int k) {
 enum { NREF = 2 };   // the file slots after the ranks': the reference and the second reference
 static int nfiles(const gcd_check_set *set) { return set->world + NREF; }
 
+// Every file a check reads: the ranks' (reduced) dumps, the references, then the local dumps when both
+// stages are given; every_file(set, i) is the i-th of them, NULL for a reference not given
+static int all_files(const gcd_check_set *set) { return nfiles(set) + (set->local ? set->world : 0); }
+static const gcd_st_file *every_file(const gcd_check_set *set, int i) {
+    return i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+}
+
 // the file's own consistency: metadata, and every tensor a listed, readable parameter
 static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **params, int np, char *err, size_t len) {
     const char *fmt = gcd_st_meta(f, "gradcheck.format");
@@ -352,9 +359,9 @@ static int load_ref(const gcd_check_opts *o, const char *path, gcd_st_file *ref,
 static int agreed_precision(gcd_check_set *set, int given, double *tol, char *err, size_t len) {
     const gcd_st_file *first = NULL, *bare = NULL;
     const char *canon = NULL;
-    int W = set->world, mixed = 0;
-    for (int i = 0; i < nfiles(set) + (set->local ? W : 0); i++) {
-        const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+    int mixed = 0;
+    for (int i = 0; i < all_files(set); i++) {
+        const gcd_st_file *f = every_file(set, i);
         if (!f) continue;
         const char *v = gcd_st_meta(f, "gradcheck.precision");
         double t;
@@ -415,9 +422,9 @@ static void distinct(char **list, int *n, char **words) {
 
 static int load_recorded(gcd_check_set *set, char *err, size_t len) {
     char **nd = NULL, **bn = NULL;
-    int nnd = 0, nbn = 0, rc = 0, W = set->world;
-    for (int i = 0; !rc && i < nfiles(set) + (set->local ? W : 0); i++) {
-        const gcd_st_file *f = i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+    int nnd = 0, nbn = 0, rc = 0;
+    for (int i = 0; !rc && i < all_files(set); i++) {
+        const gcd_st_file *f = every_file(set, i);
         if (!f) continue;
         int before = set->nran;
         if ((rc = meta_list(f, "gradcheck.ran", &set->ran, &set->nran, err, len)) || (rc = meta_list(f, "gradcheck.nondeterministic", &nd, &nnd, err, len)) ||
@@ -725,8 +732,6 @@ static void hash_failed(hash_job *h, const char *fmt, ...) {
     pthread_mutex_unlock(&h->mu);
 }
 
-// the files a report names by digest: the ranks' (reduced) dumps, the references, then the local dumps
-static int hashed_files(const gcd_check_set *set) { return nfiles(set) + (set->local ? set->world : 0); }
 
 static int hash_threads(int files) {
     cpu_set_t cpus;
@@ -747,9 +752,9 @@ static void *hash_files(void *arg) {
         hash_failed(h, "%s: changed while being read (truncated: SIGBUS while hashing it); dump it again", f->path);
         goto out;
     }
-    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < hashed_files(set);) {
+    for (int k; !atomic_load(&h->failed) && (k = atomic_fetch_add(&h->next, 1)) < all_files(set);) {
         char *digest = k < nfiles(set) ? set->digest[k] : set->local_digest[k - nfiles(set)];
-        f = k < nfiles(set) ? file_of(set, k) : &set->local[k - nfiles(set)];
+        f = every_file(set, k);
         if (!f) { digest[0] = 0; continue; }
         if (k < nfiles(set) && h->inl[k]) continue;
         XXH3_state_t s;

@@ -78,7 +78,7 @@ GCD_CLONES void gcd_sums_noise(gcd_sums *s, const double *g, const double *r, co
 }
 
 int gcd_sums_need_resid(const gcd_sums *s, double tol) {
-    return s->has_ref && s->rr > 0 && !s->nonfinite && !s->allzero && s->gr > 0 && !(sqrt(s->dd) <= tol * sqrt(s->rr));
+    return gcd_sums_need_noise(s, tol) && s->rr > 0 && !s->allzero && s->gr > 0;
 }
 
 // g = c r + e with e orthogonal to r: ||e|| summed directly (gg - gr^2/rr cancels)
@@ -660,7 +660,7 @@ void gcd_verdict(gcd_run_result *res) {
                           "single-process reference: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
                           "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach(); or "
                           "the output is computed and never used by the loss (then freeze %s, requires_grad_(False), or --ignore %s)",
-                      u.s, plural(n, "ran", "ran"), plural(n, "its", "their"), plural(n, "gets", "get"), plural(n, "it", "them"),
+                      u.s, "ran", plural(n, "its", "their"), plural(n, "gets", "get"), plural(n, "it", "them"),
                       plural(n, "it", "them"), plural(n, "it", "them"));
         gcd_sb_free(&u);
         emit(res, "ran_none", 1, &ids, &m);
