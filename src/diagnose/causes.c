@@ -1,0 +1,295 @@
+#include "findings.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The judgements (rows of judgements.c's table) that write their own findings: a cause named once for
+// many parameters, one finding per distinct scale, the mismatches grouped by name prefix.
+
+// ----------------------------------------------------------------------------
+// both stages: the cause first. A parameter None on some ranks before DDP's all-reduce (their local
+// dumps lack it) has, after it, the mean with zeros in their place on every rank: the reduced dumps
+// alone show a wrong or scaled gradient and not why.
+
+typedef struct {
+    const gcd_param_result *p;   // the first of the cut
+    int world;
+    gcd_pick_fn pick;            // the cut ones
+} cut_like;
+
+static int same_cut(const gcd_param_result *q, const void *arg) {
+    const cut_like *c = arg;
+    return c->pick(q, NULL) && !memcmp(q->local_has, c->p->local_has, (size_t)c->world);
+}
+
+// "so every rank holds ... after it": what the averaged zeros left, over the parameters cut alike
+static void stage_after(const gcd_verdict_ctx *v, const cut_like *cut, int n, gcd_sb *m) {
+    const gcd_param_result *p = cut->p;
+    int scaled = 0, alike = 1;
+    double clo = INFINITY, chi = -INFINITY, elo = INFINITY, ehi = -INFINITY;
+    for (int j = 0; j < v->res->nparam; j++) {
+        const gcd_param_result *q = &v->res->param[j];
+        if (!same_cut(q, cut)) continue;
+        scaled += q->status == GCD_ST_SCALED;
+        if (q->status == GCD_ST_SCALED && !gcd_same_shown(q->scale, p->scale, fmax(q->allowed, p->allowed))) alike = 0;
+        if (isfinite(q->cosine)) clo = fmin(clo, q->cosine), chi = fmax(chi, q->cosine);
+        if (isfinite(q->rel_err)) elo = fmin(elo, q->rel_err), ehi = fmax(ehi, q->rel_err);
+    }
+    gcd_sb_printf(m, "so every rank holds ");
+    if (scaled == n && alike) {
+        gcd_sb_printf(m, "the reference x%.6g", gcd_shown_scale(p->scale, p->allowed));
+        return;
+    }
+    gcd_sb_printf(m, "a gradient that is not the reference's");
+    if (clo <= chi) {
+        gcd_sb_printf(m, " (cosine ");
+        gcd_finding_range(m, clo, chi);
+        gcd_sb_printf(m, ", relative error ");
+        gcd_finding_range(m, elo, ehi);
+        gcd_sb_printf(m, ")");
+    }
+}
+
+void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    int W = res->world;
+    unsigned char *done = gcd_malloc((size_t)res->nparam + 1);
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (!j->pick(p, NULL) || done[i]) continue;
+        cut_like cut = { p, W, j->pick };
+        gcd_sb who = { 0 };
+        int n = gcd_names_words(v, same_cut, &cut, &who, ids), ok = 0;
+        for (int k = 0; k < res->nparam; k++)
+            if (same_cut(&res->param[k], &cut)) done[k] = 1, ok += res->param[k].status == GCD_ST_OK;
+        int missing = W - p->local_nhave;
+        gcd_sb_printf(m, "%s %s no gradient on rank%s ", who.s, gcd_plural(n, "gets", "get"), gcd_plural(missing, "", "s"));
+        gcd_ranks_list(m, p->local_has, 0, W);
+        gcd_sb_printf(m, " before DDP's all-reduce (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
+                      gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
+        if (ok == n) {   // what the reference computes too (it skips them there as well): a note
+            gcd_sb_printf(m, "and the result still matches the single-process reference");
+            gcd_finding_emit(res, "note", 0, ids, m);
+        } else {
+            for (int k = 0; k < res->nparam; k++) res->param[k].explained |= same_cut(&res->param[k], &cut);
+            stage_after(v, &cut, n, m);
+            gcd_sb_printf(m, " after it (the reduced dumps): the cause is upstream of DDP, where %s rank%s computed no gradient for %s",
+                          gcd_plural(missing, "that", "those"), gcd_plural(missing, "", "s"), gcd_plural(n, "it", "them"));
+            gcd_finding_emit(res, "local_none", 1, ids, m);
+        }
+        gcd_sb_free(&who);
+    }
+    free(done);
+}
+
+// ----------------------------------------------------------------------------
+// a scale: one finding per distinct scale, with what it usually means
+
+// What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
+// "(= 1/world)": their cause is the gather mode, which the table names
+static void scale_cause(gcd_sb *m, double c, int world, int words) {
+    int e;
+    double f = frexp(c, &e), k = round(c), inv = round(1 / c);
+    if (!words) {
+        if (fabs(c * world - 1) <= 1e-6) gcd_sb_printf(m, " (= 1/world)");
+    } else if (fabs(c * world - 1) <= 1e-6)
+        gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
+                         "only the rank's own rows, or a gradient divided by the world twice");
+    else if (world > 1 && fabs(c - world) <= 1e-6 * world)
+        gcd_sb_printf(m, " (= world): a gradient all-reduced with SUM and not divided by the world");
+    else if (f == 0.5 && abs(e - 1) >= 8)
+        gcd_sb_printf(m, ": a power of two, as a loss scale is: the gradients were taken before GradScaler's scaler.unscale_(optimizer) "
+                         "(dump after it, or divide by scaler.get_scale())");
+    else if (k >= 2 && k <= 16 && fabs(c - k) <= 1e-6 * k)
+        gcd_sb_printf(m, ": an integer factor, as a loss not divided by the gradient accumulation steps gives (summed over %.0f "
+                         "micro-batches), or a gradient added %.0f times", k, k);
+    else if (inv >= 2 && inv <= 16 && fabs(c * inv - 1) <= 1e-6)
+        gcd_sb_printf(m, " (= 1/%.0f): a loss divided by %.0f gradient accumulation steps where the objective is not, or divided twice", inv, inv);
+}
+
+typedef struct {
+    const gcd_param_result *p;   // the finding's first tensor
+    gcd_pick_fn pick;            // the scaled ones
+} scale_like;
+
+static int same_scale(const gcd_param_result *q, const void *arg) {
+    const scale_like *s = arg;
+    return s->pick(q, NULL) && gcd_same_shown(q->scale, s->p->scale, fmax(q->allowed, s->p->allowed));
+}
+
+static int is_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && !p->explained; }
+
+void gcd_cause_scaled(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    double *scales = NULL;   // the distinct scales named so far
+    int nscales = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (!j->pick(p, NULL)) continue;
+        int seen = 0;
+        for (int k = 0; k < nscales && !seen; k++) seen = gcd_same_shown(p->scale, scales[k], p->allowed);
+        if (seen) continue;
+        scales = realloc(scales, (size_t)(nscales + 1) * sizeof *scales);
+        mallocCheck(scales);
+        scales[nscales++] = p->scale;
+        int n = gcd_names_words(v, same_scale, &(scale_like){ p, j->pick }, m, ids);
+        double c = gcd_shown_scale(p->scale, p->allowed);
+        gcd_sb_printf(m, " %s the reference x%.6g", gcd_plural(n, "gradient is", "gradients are"), c);
+        scale_cause(m, c, res->world, v->check);
+        int ok = gcd_names_count(res, is_ok, NULL);
+        if (ok) {
+            gcd_sb others = { 0 };
+            gcd_names_words(v, is_ok, NULL, &others, NULL);
+            gcd_sb_printf(m, " while %s %s x1", others.s, gcd_plural(ok, "is", "are"));
+            gcd_sb_free(&others);
+        }
+        gcd_finding_emit(res, "scaled", 1, ids, m);
+    }
+    free(scales);
+}
+
+// ----------------------------------------------------------------------------
+// Plain BatchNorm in training mode under DDP normalises each rank's rows by their own statistics: the
+// ranks and the reference compute different objectives, and every parameter upstream differs. One
+// finding says so and takes over the mismatches.
+
+void gcd_cause_batchnorm(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    int n = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if (!j->pick(p, NULL)) continue;
+        p->explained = 1, n++;
+        gcd_sb_printf(ids, "%s%s", ids->len ? "," : "", p->name);
+    }
+    if (!n) return;
+    gcd_sb_printf(m, "%d %s from the reference (or cannot be judged from one), and the step ran plain BatchNorm in training mode (%s): under DDP each rank "
+                      "normalises its rows by their own mean and variance, the single-process reference by the whole batch's, so the two "
+                      "compute different objectives; use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (SyncBatchNorm runs on "
+                      "CUDA), or check with those layers in eval mode",
+                  n, gcd_plural(n, "parameter differs", "parameters differ"), res->batchnorm);
+    gcd_finding_emit(res, "mismatch", 1, ids, m);
+}
+
+// ----------------------------------------------------------------------------
+// many wrong gradients: one finding per name prefix, with the range of their figures
+
+// the first `depth` dotted components of name with their dot ("visual.transformer."), or the whole name
+static size_t prefix_len(const char *name, int depth) {
+    const char *s = name;
+    for (int d = 0; d < depth; d++) {
+        const char *dot = strchr(s, '.');
+        if (!dot) return strlen(name);
+        s = dot + 1;
+    }
+    return (size_t)(s - name);
+}
+
+typedef struct {
+    const char *name;
+    size_t len;   // the prefix: name's first len bytes
+    int param;    // its index in res->param
+} prefix_key;
+
+static int by_prefix(const void *a, const void *b) {
+    const prefix_key *x = a, *y = b;
+    int c = strncmp(x->name, y->name, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+// keys: the picked parameters' prefixes at depth, sorted; returns how many distinct
+static int distinct_at(const gcd_run_result *res, const int *pick, int n, int depth, prefix_key *keys) {
+    for (int i = 0; i < n; i++) keys[i] = (prefix_key){ res->param[pick[i]].name, prefix_len(res->param[pick[i]].name, depth), pick[i] };
+    qsort(keys, (size_t)n, sizeof *keys, by_prefix);
+    int k = n ? 1 : 0;
+    for (int i = 1; i < n; i++) k += by_prefix(&keys[i - 1], &keys[i]) != 0;
+    return k;
+}
+
+// The mismatches being grouped: pick (n of them), each one's group (grp, by parameter), the groups kept
+// by name (own) and the depth of their prefix; the rest are one group of their own.
+typedef struct {
+    int *pick, n, depth, *grp;
+    unsigned char *own;
+} grouping;
+
+// the finding of one kept group g (own[g]), or of the rest (g < 0)
+static void mismatch_group(const gcd_verdict_ctx *v, const grouping *G, int g, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    double clo = INFINITY, chi = -INFINITY, elo = INFINITY, ehi = -INFINITY;
+    int cnt = 0, away = 0;
+    const gcd_param_result *first = NULL;
+    for (int i = 0; i < G->n; i++) {
+        gcd_param_result *p = &res->param[G->pick[i]];
+        if (g >= 0 ? G->grp[G->pick[i]] != g : G->own[G->grp[G->pick[i]]]) continue;
+        first = first ? first : p;
+        p->grouped = 1, cnt++;
+        away += p->scale <= 0;
+        clo = fmin(clo, p->cosine), chi = fmax(chi, p->cosine), elo = fmin(elo, p->rel_err), ehi = fmax(ehi, p->rel_err);
+        gcd_sb_printf(ids, "%s%s", ids->len ? "," : "", p->name);
+    }
+    if (!cnt) return;
+    if (g >= 0) {
+        size_t k = prefix_len(first->name, G->depth);
+        int lo, hi;
+        gcd_names_prefix_run(v, first->name, k, &lo, &hi);
+        if (cnt == 1) gcd_sb_printf(m, "%s: wrong gradient", first->name);
+        else gcd_sb_printf(m, "%.*s*: %d of %d parameters with wrong gradients", (int)k, first->name, cnt, hi - lo);
+    } else if (cnt <= 3) {   // a few: by name
+        for (int i = 0, c = 0; i < G->n; i++)
+            if (!G->own[G->grp[G->pick[i]]])
+                gcd_sb_printf(m, "%s%s", c == 0 ? "" : c == cnt - 1 ? " and " : ", ", res->param[G->pick[i]].name), c++;
+        gcd_sb_printf(m, ": %s with wrong gradients", cnt == 1 ? "one" : cnt == 2 ? "two" : "three");
+    } else gcd_sb_printf(m, "%d more parameters under other names with wrong gradients (the report lists them)", cnt);
+    gcd_sb_printf(m, ", neither the reference nor a multiple of it%s: cosine ", away ? " (some pointing away from it)" : "");
+    gcd_finding_range(m, clo, chi);
+    gcd_sb_printf(m, ", relative error ");
+    gcd_finding_range(m, elo, ehi);
+    gcd_finding_emit(res, "mismatch", 1, ids, m);
+}
+
+// The deepest prefix that splits the wrong gradients into at most GCD_MISMATCH_GROUPS groups; where even
+// the first component gives more, the largest GCD_MISMATCH_GROUPS - 1 groups and one of the rest. Marks
+// them p->grouped.
+void gcd_cause_mismatch_groups(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    const gcd_run_result *res = v->res;
+    enum { GROUPS = GCD_MISMATCH_GROUPS };
+    grouping G = { .pick = gcd_malloc((size_t)res->nparam * sizeof *G.pick), .depth = 1 };
+    prefix_key *keys = gcd_malloc((size_t)(res->nparam ? res->nparam : 1) * sizeof *keys);
+    int maxd = 1;
+    for (int i = 0; i < res->nparam; i++)
+        if (j->pick(&res->param[i], NULL)) {
+            G.pick[G.n++] = i;
+            int d = 1;
+            for (const char *c = res->param[i].name; *c; c++) d += *c == '.';
+            maxd = d > maxd ? d : maxd;
+        }
+    for (int d = maxd; d >= 1; d--)
+        if (distinct_at(res, G.pick, G.n, d, keys) <= GROUPS) { G.depth = d; break; }
+    int ng = distinct_at(res, G.pick, G.n, G.depth, keys);
+    // groups in order of their first parameter: grp[pick[i]] for pick[i]
+    G.grp = gcd_malloc((size_t)res->nparam * sizeof *G.grp);
+    int *size = gcd_malloc((size_t)(ng + 1) * sizeof *size);
+    for (int i = 0, gi = -1; i < G.n; i++) {
+        if (i == 0 || by_prefix(&keys[i - 1], &keys[i])) gi++, size[gi] = 0;
+        G.grp[keys[i].param] = gi, size[gi]++;
+    }
+    int *order = gcd_malloc((size_t)(ng + 1) * sizeof *order), no = 0;   // group ids by first appearance
+    unsigned char *listed = gcd_malloc((size_t)ng + 1);
+    for (int i = 0; i < G.n; i++)
+        if (!listed[G.grp[G.pick[i]]]) listed[G.grp[G.pick[i]]] = 1, order[no++] = G.grp[G.pick[i]];
+    int keep = ng <= GROUPS ? ng : GROUPS - 1;   // too many at depth 1: the largest keep, then the rest
+    G.own = gcd_malloc((size_t)ng + 1);
+    for (int k = 0; k < keep; k++) {
+        int best = -1;
+        for (int o = 0; o < no; o++)
+            if (!G.own[order[o]] && (best < 0 || size[order[o]] > size[best])) best = order[o];
+        G.own[best] = 1;
+    }
+    for (int o = 0; o < no; o++)   // the kept groups in order, then the rest as one
+        if (G.own[order[o]]) mismatch_group(v, &G, order[o], m, ids);
+    mismatch_group(v, &G, -1, m, ids);
+    free(G.pick), free(keys), free(G.grp), free(size), free(order), free(listed), free(G.own);
+}

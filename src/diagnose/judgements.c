@@ -1,0 +1,357 @@
+#include "findings.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The verdict's judgements, in the order their findings are written (the table at the end): one row
+// is what it looks at (the run's condition `when`, the parameters `pick`), what it concludes (`kind`:
+// a finding, or a "note" that counts as none), how many findings (`per`), and its words (`say`).
+// Adding a judgement is adding a row. Each looks only at the numbers, never at a mode's or file's name.
+
+typedef enum {
+    PER_RUN,   // one finding about the run as a whole (no pick)
+    PER_ALL,   // one finding naming every picked parameter (when any is picked)
+    PER_ONE,   // one finding per picked parameter
+    PER_OWN,   // the row's say walks the picked and writes its findings itself (causes.c)
+} per_what;
+
+typedef struct {
+    const char *kind;                          // the finding's kind; "note": told, not a finding
+    int (*when)(const gcd_verdict_ctx *v);     // the run's condition (NULL: always)
+    gcd_pick_fn pick;                          // the parameters it looks at (PER_RUN: NULL)
+    per_what per;
+    // its words into m (and ids: PER_ALL and PER_ONE have them filled, PER_RUN may name some)
+    void (*say)(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids);
+} judgement;
+
+// ----------------------------------------------------------------------------
+// what the judgements look at: the run
+
+static int in_check(const gcd_verdict_ctx *v) { return v->check; }
+static int probe_world1(const gcd_verdict_ctx *v) { return v->res->world == 1 && !v->check; }
+static int ran_batchnorm(const gcd_verdict_ctx *v) { return v->res->batchnorm != NULL; }
+
+static double mean_loss(const gcd_run_result *res, const double *loss) {
+    double l = 0;
+    for (int k = 0; k < res->world; k++) l += loss[k];
+    return l / res->world;
+}
+
+// the distributed loss must equal the reference objective, or the gather is wrong
+static int forward_differs(const gcd_verdict_ctx *v) {
+    const gcd_run_result *res = v->res;
+    return res->loss && fabs(mean_loss(res, res->loss) - res->ref_loss) > res->tol * fmax(1.0, fabs(res->ref_loss));
+}
+
+// the first step whose loss is not finite on some rank (-1: none)
+static int diverged_at(const gcd_run_result *res) {
+    for (int s = 0; s < res->nloss; s++)
+        for (int k = 0; k < res->world; k++)
+            if (!isfinite(res->loss[(size_t)s * res->world + k])) return s;
+    return -1;
+}
+
+static int nonfinite_params(const gcd_run_result *res) {
+    int n = 0;
+    for (int i = 0; i < res->nparam; i++) n += !isfinite(res->param[i].moved);
+    return n;
+}
+
+static int diverged(const gcd_verdict_ctx *v) { return v->res->steps > 0 && (diverged_at(v->res) >= 0 || nonfinite_params(v->res)); }
+
+// the ranks' mean loss at the first and the last step (each rank's term over world, summed)
+static void loss_ends(const gcd_run_result *res, double *l0, double *l1) {
+    const double *first = res->loss, *last = res->loss + (size_t)(res->nloss - 1) * res->world;
+    *l0 = *l1 = 0;
+    for (int k = 0; k < res->world; k++) *l0 += first[k] / res->world, *l1 += last[k] / res->world;
+}
+
+static int loss_moved(const gcd_verdict_ctx *v) {
+    double l0, l1;
+    if (!(v->res->steps > 0)) return 0;
+    loss_ends(v->res, &l0, &l1);
+    return l1 != l0;
+}
+
+static int insensitive(const gcd_verdict_ctx *v) {
+    return v->loosest && (v->res->nondeterministic || v->res->sensitivity > GCD_INSENSITIVE);
+}
+
+static int many_mismatches(const gcd_verdict_ctx *v);
+
+// ----------------------------------------------------------------------------
+// what the judgements look at: the parameters
+
+static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none; }
+static int ran_none(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && p->ran; }
+static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && !p->ran; }
+static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
+static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
+static int measured_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && p->tol_source == GCD_TOL_MEASURED; }
+static int local_cut(const gcd_param_result *p, const void *arg) { (void)arg; return p->local_has && p->local_nhave < p->nhave && p->status != GCD_ST_NONE; }
+static int grouped_mismatch(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_MISMATCH && !p->ref_none && !p->explained; }
+static int mismatch_alone(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_MISMATCH && !p->grouped && !p->explained; }
+static int batchnorm_differs(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return (p->status == GCD_ST_MISMATCH || p->status == GCD_ST_UNDECIDED) && !p->explained && !p->ref_none;
+}
+#define STATUS_PICK(fn, st) \
+    static int fn(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == st && !p->explained; }
+STATUS_PICK(is_partial, GCD_ST_PARTIAL)
+STATUS_PICK(is_zero, GCD_ST_ZERO)
+STATUS_PICK(is_nonfinite, GCD_ST_NONFINITE)
+STATUS_PICK(is_disagree, GCD_ST_DISAGREE)
+STATUS_PICK(is_scaled, GCD_ST_SCALED)
+STATUS_PICK(is_undecided, GCD_ST_UNDECIDED)
+STATUS_PICK(is_ok, GCD_ST_OK)
+STATUS_PICK(is_present, GCD_ST_PRESENT)
+
+static int many_mismatches(const gcd_verdict_ctx *v) { return gcd_names_count(v->res, grouped_mismatch, NULL) > GCD_MISMATCH_GROUPS; }
+
+// ----------------------------------------------------------------------------
+// their words
+
+static void say_forward(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)j, (void)ids;
+    gcd_sb_printf(m, "the ranks' mean loss %.9g differs from the single-process objective %.9g: the forward itself is wrong",
+                  mean_loss(v->res, v->res->loss), v->res->ref_loss);
+}
+
+static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None on every rank where the reference has one (or there is none to ask)
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    int n = j->n, have = gcd_names_count(res, with_grad, NULL), check = v->check;
+    gcd_sb others = { 0 };
+    gcd_names_words(v, with_grad, NULL, &others, NULL);
+    if (have == 0) gcd_sb_printf(m, "no parameter receives a gradient on any rank (None): nothing is learned");
+    else if (have < res->nparam / 2 + 1 && have < n)
+        gcd_sb_printf(m, "only %d of %d parameters %s a gradient: %s; %s %s None on every rank%s", have, res->nparam,
+                      gcd_plural(have, "receives", "receive"), others.s, j->names, gcd_plural(n, "gets", "get"),
+                      check ? "" : ": the gather detached everything before it");
+    else
+        gcd_sb_printf(m, "%s %s no gradient on any rank (None); %s %s one", j->names, gcd_plural(n, "receives", "receive"), others.s,
+                      gcd_plural(have, "still gets", "still get"));
+    if (check && !res->no_ref)   // the reference has them: cut on the way
+        gcd_sb_printf(m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
+                         "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False); a plain torch.distributed.all_gather, "
+                         "which has no autograd: use torch.distributed.nn.functional.all_gather; or a detach())",
+                      gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
+    gcd_sb_free(&others);
+}
+
+static void say_ran_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None everywhere, reference included, though its module ran
+    (void)v, (void)ids;
+    int n = j->n;
+    gcd_sb_printf(m, "%s %s in the forward (the dumps recorded %s module's forward) but %s no gradient on any rank nor in the "
+                     "single-process reference: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
+                     "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach(); or "
+                     "the output is computed and never used by the loss (then freeze %s, requires_grad_(False), or --ignore %s)",
+                  j->names, "ran", gcd_plural(n, "its", "their"), gcd_plural(n, "gets", "get"), gcd_plural(n, "it", "them"),
+                  gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
+}
+
+static void say_none_in_ref(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // the model's, not the distribution's
+    (void)v, (void)ids;
+    gcd_sb_printf(m, "%s %s no gradient on any rank nor in the single-process reference: unused by the loss, not a "
+                     "distributed-training defect (--ignore %s to leave %s out)",
+                  j->names, gcd_plural(j->n, "has", "have"), gcd_plural(j->n, "it", "them"), gcd_plural(j->n, "it", "them"));
+}
+
+static void say_partial(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_param_result *p = j->p;
+    gcd_sb_printf(m, "%s has a gradient on %d of %d ranks; None on rank%s ", p->name, p->nhave, v->res->world,
+                  gcd_plural(v->res->world - p->nhave, "", "s"));
+    gcd_ranks_list(m, p->has, 0, v->res->world);
+}
+
+static void say_zero(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    gcd_sb_printf(m, "%s", j->names);
+    if (!v->res->no_ref) gcd_sb_printf(m, " %s a gradient of exactly zero where the reference's is not", gcd_plural(j->n, "gets", "get"));
+    else gcd_sb_printf(m, " %s a gradient of exactly zero on every rank that has one", gcd_plural(j->n, "gets", "get"));
+}
+
+static void say_nonfinite(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_param_result *p = j->p;
+    if (p->rank_nonfinite) {
+        gcd_sb_printf(m, "%s: NaN or infinite gradient values", p->name);
+        for (int k = 0, c = 0; k < v->res->world; k++)
+            if (p->rank_nonfinite[k])
+                gcd_sb_printf(m, "%s on rank %d: %ld of %zu (first at index %ld)", c++ ? ";" : "", k, p->rank_nonfinite[k], p->n,
+                              p->rank_first_nonfinite[k]);
+    } else {
+        gcd_sb_printf(m, "%s: %ld of %zu gradient values are NaN or infinite (first at index %ld)", p->name, p->nonfinite, p->n,
+                      p->first_nonfinite);
+    }
+}
+
+static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    const gcd_param_result *worst = NULL;
+    for (int i = 0; i < res->nparam; i++)
+        if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+    gcd_sb_printf(m, "%s %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ", j->names,
+                  gcd_plural(j->n, "holds", "hold"));
+    if (j->n > 1) gcd_sb_printf(m, "%s differs most, ", worst->name);
+    gcd_sb_printf(m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel,
+                  worst->diff_base >= 0 ? worst->diff_base : worst->first);
+    int nd = 0;
+    for (int k = 0; k < res->world; k++) nd += worst->differs[k];
+    gcd_sb_printf(m, "%s ", gcd_plural(nd, "", "s"));
+    gcd_ranks_list(m, worst->differs, 1, res->world);
+    gcd_sb_printf(m, " (a parameter outside DDP, a no_sync misuse, a gradient changed after the all-reduce, "
+                     "torch.utils.checkpoint(use_reentrant=True) around code that runs more than once per step, or, in sharded "
+                     "dumps, replicas of one shard (HSDP) that differ)");
+}
+
+static void say_mismatch(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)v, (void)ids;
+    const gcd_param_result *p = j->p;
+    if (p->ref_none) gcd_sb_printf(m, "%s: the ranks have a gradient but the single-process reference has none (None)", p->name);
+    else if (p->n == 1 && p->scale > 0)
+        gcd_sb_printf(m, "%s: wrong value: %.6g times the reference's (one value: its ratio is no evidence of a scale factor, and no "
+                         "other gradient shows it)", p->name, p->scale);
+    else if (p->scale < 0 && fabs(p->scale + 1) <= fmax(0.05, p->allowed) && p->cosine <= -0.95)
+        gcd_sb_printf(m, "%s: negated: the reference x-1 (cosine %.3g): a gradient subtracted where it is added, or a loss with the "
+                         "wrong sign", p->name, p->cosine);
+    else if (p->scale <= 0)
+        gcd_sb_printf(m, "%s: wrong gradient, pointing away from the reference (scale %.3g, cosine %.3g, relative error %.3g)", p->name,
+                      p->scale, p->cosine, p->rel_err);
+    else
+        gcd_sb_printf(m, "%s: wrong gradient, neither the reference nor a multiple of it: relative error %.3g, cosine %.3g", p->name,
+                      p->rel_err, p->cosine);
+}
+
+static void say_undecided(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)v, (void)ids;
+    gcd_sb_printf(m, "%s cannot be judged from one reference: %s from it by no more than rounding noise does where a true gradient is "
+                     "about zero, and not in its direction; give a second reference computed in another order (rows permuted: "
+                     "check_ddp does; check DUMPS --ref A --ref B) to measure %s noise", j->names,
+                  gcd_plural(j->n, "it differs", "they differ"), gcd_plural(j->n, "its", "their"));
+}
+
+static void say_diverged(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // a loss or a parameter that stopped being a number
+    (void)j, (void)ids;
+    const gcd_run_result *res = v->res;
+    int at = diverged_at(res), bad_params = nonfinite_params(res);
+    if (at >= 0) gcd_sb_printf(m, "training diverged: the loss is not finite from step %d of %d (lr %g)", at + 1, res->steps, res->lr);
+    else gcd_sb_printf(m, "training diverged: the loss stayed finite, but parameters did not (lr %g)", res->lr);
+    if (bad_params) gcd_sb_printf(m, "; %d of %d parameters hold NaN or infinite values at the end", bad_params, res->nparam);
+}
+
+static void say_learning_stopped(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    double l0, l1;
+    loss_ends(v->res, &l0, &l1);
+    gcd_sb_printf(m, "learning stopped: the loss went %.6g -> %.6g over %d steps while %s never moved (bit-identical to the start)", l0, l1,
+                  v->res->steps, j->names);
+}
+
+static void say_ok(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    double worst = 0;
+    for (int i = 0; i < res->nparam; i++)
+        if (res->param[i].status == GCD_ST_OK && res->param[i].tol_source != GCD_TOL_MEASURED && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
+    if (j->n == res->nparam) gcd_sb_printf(m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
+    else gcd_sb_printf(m, "%s %s the reference (max relative error %.2g)", j->names, gcd_plural(j->n, "matches", "match"), worst);
+}
+
+static void say_measured_ok(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)v, (void)ids;
+    gcd_sb_printf(m, "%s %s within %g x %s measured noise (what the two references differ by) and not correlated with the reference: "
+                     "rounding noise, judged ok (%s own relative error says nothing where the true gradient is about zero)",
+                  j->names, gcd_plural(j->n, "is", "are"), GCD_NOISE_K, gcd_plural(j->n, "its", "their"), gcd_plural(j->n, "its", "their"));
+}
+
+static void say_insensitive(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)j;
+    const gcd_run_result *res = v->res;
+    const gcd_param_result *loosest = v->loosest;
+    gcd_sb_printf(ids, "%s", loosest->name);
+    gcd_sb_printf(m, "insensitive: this check accepted differences of up to %.3g relative (%s, %s)", res->sensitivity, loosest->name,
+                  loosest->tol_source == GCD_TOL_MEASURED ? "its measured noise" : "its tolerance");
+    if (res->nondeterministic)
+        gcd_sb_printf(m, "; the step ran layers that draw random numbers (%s): the ranks and the reference draw different masks, so "
+                         "their noise hides real errors; put them in eval mode (or p=0) for the check", res->nondeterministic);
+    else gcd_sb_printf(m, ": an error smaller than that there could not have been seen");
+}
+
+static void say_present(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    gcd_sb_printf(m, "%s %s a finite, non-zero gradient%s; no reference (--ref) to compare %s values with", j->names,
+                  gcd_plural(j->n, "has", "have"), v->res->world > 1 ? " on every rank" : "", gcd_plural(j->n, "its", "their"));
+}
+
+static void say_world1(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)v, (void)j, (void)ids;
+    gcd_sb_printf(m, "world 1: a one-rank process group still detaches under sync_grads=False; putting the rank's own rows back "
+                     "and averaging are exact here (1/world = 1), so their defects appear only with world > 1");
+}
+
+// ----------------------------------------------------------------------------
+// the table: the causes first, then the defects, then what the check could and could not see
+
+static const judgement judgements[] = {
+    // kind               when              pick                per      say
+    { "forward",          forward_differs,  NULL,               PER_RUN, say_forward },
+    { "local_none",       in_check,         local_cut,          PER_OWN, gcd_cause_stage },   // or a note where the result still matches
+    { "none",             NULL,             none_real,          PER_ALL, say_none },
+    { "ran_none",         NULL,             ran_none,           PER_ALL, say_ran_none },
+    { "note",             NULL,             none_in_ref,        PER_ALL, say_none_in_ref },
+    { "partial",          NULL,             is_partial,         PER_ONE, say_partial },
+    { "zero",             NULL,             is_zero,            PER_ALL, say_zero },
+    { "nonfinite",        NULL,             is_nonfinite,       PER_ONE, say_nonfinite },
+    { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
+    { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
+    { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },
+    { "mismatch",         many_mismatches,  grouped_mismatch,   PER_OWN, gcd_cause_mismatch_groups },
+    { "mismatch",         NULL,             mismatch_alone,     PER_ONE, say_mismatch },
+    { "undecided",        NULL,             is_undecided,       PER_ALL, say_undecided },
+    { "diverged",         diverged,         NULL,               PER_RUN, say_diverged },
+    { "learning_stopped", loss_moved,       stuck,              PER_ALL, say_learning_stopped },
+    { "note",             NULL,             is_ok,              PER_ALL, say_ok },
+    { "note",             NULL,             measured_ok,        PER_ALL, say_measured_ok },
+    { "note",             insensitive,      NULL,               PER_RUN, say_insensitive },
+    { "note",             NULL,             is_present,         PER_ALL, say_present },
+    { "note",             probe_world1,     NULL,               PER_RUN, say_world1 },
+};
+
+// one row's findings
+static void judge(const gcd_verdict_ctx *v, const judgement *row, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    int counts = strcmp(row->kind, "note") != 0;
+    gcd_judged j = { .pick = row->pick };
+    if (row->per == PER_RUN || row->per == PER_OWN) {
+        row->say(v, &j, m, ids);
+        if (row->per == PER_RUN) gcd_finding_emit(res, row->kind, counts, ids, m);
+    } else if (row->per == PER_ALL) {
+        gcd_sb names = { 0 };
+        if (!(j.n = gcd_names_count(res, row->pick, NULL))) return;
+        gcd_names_words(v, row->pick, NULL, &names, ids);
+        j.names = names.s;
+        row->say(v, &j, m, ids);
+        gcd_finding_emit(res, row->kind, counts, ids, m);
+        gcd_sb_free(&names);
+    } else {
+        for (int i = 0; i < res->nparam; i++) {
+            if (!row->pick(&res->param[i], NULL)) continue;
+            j.p = &res->param[i];
+            gcd_sb_printf(ids, "%s", j.p->name);
+            row->say(v, &j, m, ids);
+            gcd_finding_emit(res, row->kind, counts, ids, m);
+        }
+    }
+}
+
+void gcd_judgements_run(const gcd_verdict_ctx *v) {
+    gcd_sb m = { 0 }, ids = { 0 };
+    for (size_t r = 0; r < sizeof judgements / sizeof judgements[0]; r++)
+        if (!judgements[r].when || judgements[r].when(v)) judge(v, &judgements[r], &m, &ids);
+    gcd_sb_free(&m), gcd_sb_free(&ids);
+}
