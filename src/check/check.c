@@ -1,5 +1,5 @@
 #define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
-#include "check.h"
+#include "check/check.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -22,7 +22,7 @@
 #if defined(__x86_64__)
 #include <xxh_x86dispatch.h>   // XXH3_128bits_update: AVX2 or AVX-512 where the CPU has it (chosen at run time)
 #endif
-#include "verdict.h"
+#include "diagnose/verdict.h"
 
 #define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
 
