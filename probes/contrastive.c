@@ -6,8 +6,8 @@
  */
 #include <math.h>
 
-#include "ops.h"
-#include "probe.h"
+#include "engine/ops.h"
+#include "probes/probe.h"
 
 static void init(gcd_ctx *c, const gcd_probe_cfg *cfg, gcd_params *p) {
     int E = cfg->dim_emb, D[2] = { cfg->dim_img, cfg->dim_txt };

@@ -8,7 +8,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "tensor.h"
+#include "engine/tensor.h"
 
 #define GCD_MAX_PARAMS 8
 #define GCD_MAX_FEATS 4

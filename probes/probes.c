@@ -1,6 +1,6 @@
 #include <string.h>
 
-#include "probe.h"
+#include "probes/probe.h"
 
 const gcd_probe *const gcd_probes[] = { &gcd_probe_simplenet, &gcd_probe_contrastive, NULL };
 

@@ -3,8 +3,8 @@
  * with the run's mode, y = relu(fc2(input2)) always with grad; loss = mean((x_ * y_)^2), MSE against
  * a zero target. With sync_grads=False fc1 gets no gradient at all, fc2 still does.
  */
-#include "ops.h"
-#include "probe.h"
+#include "engine/ops.h"
+#include "probes/probe.h"
 
 // torch.manual_seed(42); nn.Linear(2, 2) twice: weights (out, in)
 static const double fc1_w[] = { 0.5406103730201721, 0.5869042277336121, -0.16565565764904022, 0.6495562791824341 };

@@ -35,7 +35,7 @@ esac
 exe=$build/fuzz_$target
 # shellcheck disable=SC2086
 "$cc" -g -O1 -std=gnu11 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DGCD_VERSION='"fuzz"' \
-    -I"$root/src" -I"$root/src/engine" -I"$root/src/comm" -I"$root/src/diagnose" -I"$root/src/check" -I"$root/src/report" -I"$root/probes" "${sources[@]}" "$root/src/util.c" "$root/tests/fuzz_$target.c" $cjson -lm -lpthread \
+    -I"$root/src" -I"$root" "${sources[@]}" "$root/src/util.c" "$root/tests/fuzz_$target.c" $cjson -lm -lpthread \
     -o "$exe" ||
     fail "the fuzz target does not build (libFuzzer is in libclang-rt-14-dev on Debian 12)"
 

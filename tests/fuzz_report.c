@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "report.h"
+#include "report/report.h"
 
 // valid UTF-8 without C0 controls (but those in allow) and DEL
 static int clean(const char *text, const char *allow) {

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h"
+#include "check/safetensors.h"
 #include "util.h"
 
 #define FUZZ_CHUNK 1024   // elements read at a time

@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
-#include "ops.h"
-#include "run.h"
-#include "verdict.h"
+#include "comm/comm.h"
+#include "engine/ops.h"
+#include "diagnose/run.h"
+#include "diagnose/verdict.h"
 
 extern int gcd_test_wrong_op;
 extern double gcd_test_wrong_factor;

@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "comm.h"
-#include "expect.h"
-#include "verdict.h"
+#include "comm/comm.h"
+#include "diagnose/expect.h"
+#include "diagnose/verdict.h"
 
 int main(int argc, char **argv) {
     gcd_mpi_init(&argc, &argv);

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "ddp.h"
-#include "gather.h"
+#include "comm/ddp.h"
+#include "engine/gather.h"
 
 #define B 3
 #define D 2

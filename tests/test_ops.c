@@ -13,10 +13,10 @@
 #include <sys/platform/x86.h>   // CPU_FEATURE_ACTIVE (glibc 2.34 on): glibc's choice of its exp
 #endif
 
-#include "autograd.h"
+#include "engine/autograd.h"
 #include "check.h"
-#include "exp.h"
-#include "ops.h"
+#include "engine/exp.h"
+#include "engine/ops.h"
 
 #define MAXIN 4
 

@@ -3,11 +3,11 @@
 // words for it; node names; a path survives packing into doubles.
 #include <string.h>
 
-#include "autograd.h"
+#include "engine/autograd.h"
 #include "check.h"
-#include "gather.h"
-#include "ops.h"
-#include "path.h"
+#include "engine/gather.h"
+#include "engine/ops.h"
+#include "engine/path.h"
 
 static gcd_tensor *leaf(gcd_ctx *c, int n, const double *v) {
     gcd_tensor *t = gcd_tensor_from(c, 2, (int[]){ 1, n }, v);

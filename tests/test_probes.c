@@ -7,12 +7,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "ops.h"
-#include "report.h"
-#include "report_render.h"
-#include "run.h"
-#include "expect.h"
-#include "verdict.h"
+#include "engine/ops.h"
+#include "report/report.h"
+#include "report/report_render.h"
+#include "diagnose/run.h"
+#include "diagnose/expect.h"
+#include "diagnose/verdict.h"
 
 // ----------------------------------------------------------------------------
 // the reference objective, rebuilt here without a graph: mean over ranks of each rank's loss

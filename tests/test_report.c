@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "report.h"
-#include "report_render.h"
-#include "verdict.h"
+#include "report/report.h"
+#include "report/report_render.h"
+#include "diagnose/verdict.h"
 
 // The report writer's renameat, interposed: a child with kill_in_rename set dies right there.
 static int kill_in_rename;

@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "autograd.h"
-#include "expect.h"
-#include "gather.h"
-#include "verdict.h"
+#include "engine/autograd.h"
+#include "diagnose/expect.h"
+#include "engine/gather.h"
+#include "diagnose/verdict.h"
 
 #define N 6
 

@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "util.h"
-#include "wait.h"
+#include "comm/wait.h"
 
 // ----------------------------------------------------------------------------
 // the fake: everything is a time on its own clock, which only pause() moves

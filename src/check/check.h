@@ -6,8 +6,8 @@
  * Memory is O(chunk), not O(model).
  */
 #pragma once
-#include "run.h"
-#include "safetensors.h"
+#include "diagnose/run.h"
+#include "check/safetensors.h"
 
 typedef struct {
     const char *const *dumps;   // files or directories (every *.safetensors directly in it)

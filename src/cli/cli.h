@@ -8,13 +8,13 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "check.h"
-#include "comm.h"
-#include "expect.h"
-#include "ops.h"
-#include "report.h"
-#include "run.h"
-#include "verdict.h"
+#include "check/check.h"
+#include "comm/comm.h"
+#include "diagnose/expect.h"
+#include "engine/ops.h"
+#include "report/report.h"
+#include "diagnose/run.h"
+#include "diagnose/verdict.h"
 
 #ifndef GCD_VERSION
 #define GCD_VERSION "0.0.0"

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 
 // ----------------------------------------------------------------------------
 // check DUMP... [--ref REF]: the user's own gradients

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 
 static const char usage_top[] =
     "gradcheck-dist " GCD_VERSION ": finds gradients that distributed training silently drops\n"

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #define XXH_STATIC_LINKING_ONLY   // XXH3_state_t on the stack
 #include <xxhash.h>
 

@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <limits.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "util.h"
 
 // ----------------------------------------------------------------------------

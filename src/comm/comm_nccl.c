@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "util.h"
 
 #include <cuda_runtime.h>
@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "wait.h"
+#include "comm/wait.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "the NCCL backend needs NCCL >= 2.14 (ncclCommInitRankConfig with non-blocking communicators)"

@@ -1,4 +1,4 @@
-#include "ddp.h"
+#include "comm/ddp.h"
 
 #include <stdlib.h>
 #include <string.h>

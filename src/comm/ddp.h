@@ -6,7 +6,7 @@
 #pragma once
 #include <stddef.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 // local (n) is this rank's gradient or NULL (None). On return every rank holds the same
 // mean (n) (summed in rank order, so the ranks stay bit-identical) and returns how many ranks had a

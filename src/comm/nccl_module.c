@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 #ifdef GCD_WITH_NCCL
 

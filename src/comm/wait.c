@@ -1,4 +1,4 @@
-#include "wait.h"
+#include "comm/wait.h"
 
 #include <stdio.h>
 

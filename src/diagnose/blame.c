@@ -1,10 +1,10 @@
-#include "blame.h"
+#include "diagnose/blame.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "verdict.h"
+#include "diagnose/verdict.h"
 
 // g (n) against r as the one classifier sees it; g NULL: None
 static gcd_param_result compare(const double *g, const double *r, size_t n, int world, double tol) {

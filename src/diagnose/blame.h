@@ -9,7 +9,7 @@
  * Nothing here reads the gather mode: a gather's mode is only its name in the chain.
  */
 #pragma once
-#include "run.h"
+#include "diagnose/run.h"
 
 // Sets every parameter's path, breaks_at and reason from res's graphs and checkpoints (rank 0, after
 // gcd_verdict). Parameters without a recorded graph (check) are left without a path.

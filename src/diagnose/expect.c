@@ -1,10 +1,10 @@
-#include "expect.h"
+#include "diagnose/expect.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "gather.h"
-#include "verdict.h"
+#include "engine/gather.h"
+#include "diagnose/verdict.h"
 
 // ----------------------------------------------------------------------------
 // the table: the encoders' status at world 1 and above it, and the rest's (measured against the

@@ -6,7 +6,7 @@
  * this table: it is checked after classification, against the statuses the numbers gave.
  */
 #pragma once
-#include "run.h"
+#include "diagnose/run.h"
 
 typedef struct {
     gcd_status before, after;

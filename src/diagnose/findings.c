@@ -1,4 +1,4 @@
-#include "findings.h"
+#include "diagnose/findings.h"
 
 #include <math.h>
 #include <stdio.h>

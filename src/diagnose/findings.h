@@ -5,7 +5,7 @@
  * appended; the scale as a user reads it. The judgements are judgements.c's table, their causes causes.c.
  */
 #pragma once
-#include "verdict.h"
+#include "diagnose/verdict.h"
 
 typedef struct {
     gcd_run_result *res;

@@ -1,15 +1,15 @@
-#include "run.h"
+#include "diagnose/run.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd.h"
-#include "blame.h"
-#include "ddp.h"
-#include "ops.h"
-#include "verdict.h"
+#include "engine/autograd.h"
+#include "diagnose/blame.h"
+#include "comm/ddp.h"
+#include "engine/ops.h"
+#include "diagnose/verdict.h"
 
 static double *copy(const double *src, size_t n) {
     double *p = gcd_malloc(n * sizeof(double));

@@ -4,9 +4,9 @@
  * steps > 0 the ranks take that many SGD steps. The result holds the numbers; verdict.c reads them.
  */
 #pragma once
-#include "gather.h"
-#include "path.h"
-#include "probe.h"
+#include "engine/gather.h"
+#include "engine/path.h"
+#include "probes/probe.h"
 
 typedef enum {
     GCD_ST_NONE, GCD_ST_PARTIAL, GCD_ST_ZERO, GCD_ST_NONFINITE, GCD_ST_OK, GCD_ST_SCALED, GCD_ST_MISMATCH,

@@ -1,11 +1,11 @@
-#include "verdict.h"
+#include "diagnose/verdict.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "findings.h"
+#include "diagnose/findings.h"
 
 static const char *const status_names[] = {
     [GCD_ST_NONE] = "none", [GCD_ST_PARTIAL] = "partial",   [GCD_ST_ZERO] = "zero",         [GCD_ST_NONFINITE] = "nonfinite",

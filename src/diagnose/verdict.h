@@ -5,7 +5,7 @@
  * here looks at the gather mode or a file's name: only at the numbers.
  */
 #pragma once
-#include "run.h"
+#include "diagnose/run.h"
 
 #define GCD_TOL 1e-9   // float64 end to end: a different summation order costs ~1e-15 relative
 

@@ -1,4 +1,4 @@
-#include "autograd.h"
+#include "engine/autograd.h"
 
 
 static const char *const op_names[] = {

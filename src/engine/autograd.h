@@ -6,7 +6,7 @@
  * backward (set by the op that recorded it: ops.c, gather.c). A tensor backward never reaches keeps grad == NULL (None).
  */
 #pragma once
-#include "tensor.h"
+#include "engine/tensor.h"
 
 typedef enum {
     GCD_OP_LINEAR, GCD_OP_RELU, GCD_OP_VIEW, GCD_OP_CONCAT, GCD_OP_MUL, GCD_OP_MEAN, GCD_OP_MSE,

@@ -1,4 +1,4 @@
-#include "exp.h"
+#include "engine/exp.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-#include "gather.h"
+#include "engine/gather.h"
 
 #include <stdlib.h>
 #include <string.h>

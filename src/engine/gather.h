@@ -10,8 +10,8 @@
  * detaches (it skips the gather only without any process group), and the other modes are exact.
  */
 #pragma once
-#include "autograd.h"
-#include "comm.h"
+#include "engine/autograd.h"
+#include "comm/comm.h"
 
 typedef enum { GCD_GATHER_OFF, GCD_GATHER_ON, GCD_GATHER_LOCAL, GCD_GATHER_AVG, GCD_GATHER_COUNT } gcd_gather_mode;
 

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE   // sched_getaffinity, CPU_COUNT
-#include "ops.h"
+#include "engine/ops.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "autograd.h"
-#include "exp.h"
+#include "engine/autograd.h"
+#include "engine/exp.h"
 
 // ----------------------------------------------------------------------------
 // kernels

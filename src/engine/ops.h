@@ -5,7 +5,7 @@
  * records the node that autograd.c dispatches to the backward kernel.
  */
 #pragma once
-#include "tensor.h"
+#include "engine/tensor.h"
 
 // ----------------------------------------------------------------------------
 // kernels

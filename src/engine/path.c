@@ -1,11 +1,11 @@
-#include "path.h"
+#include "engine/path.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gather.h"
+#include "engine/gather.h"
 
 void gcd_path_start(gcd_path *p, int leaf) {
     memset(p, 0, sizeof *p);

@@ -5,7 +5,7 @@
  * starts with the parameter itself (node 0) and ends at the node that made the target.
  */
 #pragma once
-#include "autograd.h"
+#include "engine/autograd.h"
 
 #define GCD_PATH_MAX 32
 #define GCD_PATH_PARAM (-1)                      // node 0's op: the parameter

@@ -6,8 +6,8 @@
 #pragma once
 #include <cjson/cJSON.h>
 
-#include "check.h"
-#include "run.h"
+#include "check/check.h"
+#include "diagnose/run.h"
 
 #define GCD_REPORT_VERSION 3          // written; /2 (a check dump's sha256) and /1 (a setup in every run, every value) are still read
 #define GCD_REPORT_VERSION_OLDEST 1

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "report.h"
+#include "report/report.h"
 
 double gcd_json_num(const cJSON *v) {
     if (cJSON_IsNumber(v)) return v->valuedouble;

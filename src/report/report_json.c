@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gather.h"
-#include "report.h"
-#include "verdict.h"
+#include "engine/gather.h"
+#include "report/report.h"
+#include "diagnose/verdict.h"
 
 #ifndef GCD_VERSION
 #define GCD_VERSION "0.0.0"

@@ -13,8 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "report.h"
-#include "report_render.h"
+#include "report/report.h"
+#include "report/report_render.h"
 
 // XML text and attribute values: the five entities escaped, control characters dropped (XML 1.0 has no
 // way to say them), invalid UTF-8 and the noncharacters U+FFFE, U+FFFF replaced by U+FFFD

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "report.h"
-#include "report_render.h"
+#include "report/report.h"
+#include "report/report_render.h"
 
 #define MAX_RUNS 64
 #define FINDINGS_UNTIL 16000      // no further finding once the body is this long

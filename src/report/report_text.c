@@ -6,8 +6,8 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "report.h"
-#include "report_render.h"
+#include "report/report.h"
+#include "report/report_render.h"
 
 // ----------------------------------------------------------------------------
 // shared readers

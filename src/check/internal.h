@@ -1,0 +1,99 @@
+/*
+ * check/internal.h: what the check's files share and nothing outside check/ reads. The files of one
+ * check (file_of, every_file), the shard maps, the error helper, and each file's entry points:
+ * files.c (listing and opening dumps), shards.c (FSDP shard maps), load.c (gcd_check_load),
+ * digest.c (the hashing pool), scan.c (gcd_check_scan).
+ */
+#pragma once
+#include <fnmatch.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check/check.h"
+#include "diagnose/verdict.h"   // GCD_TOL
+
+static inline int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int fail(char *err, size_t len, const char *fmt, ...) {   // the message in err; 2, bad input
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return 2;
+}
+
+static inline int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static inline int in_sorted(char *const *sorted, int n, const char *s) { return bsearch(&s, sorted, (size_t)n, sizeof *sorted, by_str) != NULL; }
+static inline void free_strs(char **s, int n) {
+    for (int i = 0; i < n; i++) free(s[i]);
+    free(s);
+}
+
+static inline int ignored(const gcd_check_opts *o, const char *name) {
+    for (int i = 0; i < o->nignore; i++)
+        if (!fnmatch(o->ignore[i], name, 0)) return 1;
+    return 0;
+}
+
+static inline double dtype_tol(gcd_dtype d) { return d == GCD_DT_F64 ? GCD_TOL : d == GCD_DT_F32 ? 1e-5 : 1e-2; }
+
+// ----------------------------------------------------------------------------
+// the files of one check
+
+// rank k's dump, with k == world the reference and with k == world + 1 the second one (NULL where not given)
+static inline const gcd_st_file *file_of(const gcd_check_set *set, int k) {
+    if (k < set->world) return &set->rank[k];
+    return k == set->world ? (set->has_ref ? &set->ref : NULL) : (set->has_ref2 ? &set->ref2 : NULL);
+}
+
+enum { NREF = 2 };   // the file slots after the ranks': the reference and the second reference
+static inline int nfiles(const gcd_check_set *set) { return set->world + NREF; }
+
+// Every file a check reads: the ranks' (reduced) dumps, the references, then the local dumps when both
+// stages are given; every_file(set, i) is the i-th of them, NULL for a reference not given
+static inline int all_files(const gcd_check_set *set) { return nfiles(set) + (set->local ? set->world : 0); }
+static inline const gcd_st_file *every_file(const gcd_check_set *set, int i) {
+    return i < nfiles(set) ? file_of(set, i) : &set->local[i - nfiles(set)];
+}
+
+// ----------------------------------------------------------------------------
+// files.c: the dumps listed, opened and validated one by one
+
+// every dump path (*out, *n), directories expanded (sorted), the references left out; no more than
+// the system can map at once
+int gcd_dumps_list(const gcd_check_opts *o, char ***out, int *n, char *err, size_t len);
+// one dump opened, its names unwrapped, its metadata (world, rank, params) read and its tensors checked
+int gcd_dump_open(const gcd_check_opts *o, const char *path, gcd_st_file *f, long *world, long *rank, char ***params, int *np, char *err,
+                  size_t len);
+// a reference: the same, and one process (world 1, rank 0)
+int gcd_ref_open(const gcd_check_opts *o, const char *path, gcd_st_file *ref, char ***params, int *np, char *err, size_t len);
+// the first name of a (in a's order) that b lacks, or NULL
+const char *gcd_first_missing(char *const *a, int na, char *const *b, int nb);
+// the wrappers' prefixes removed in place (FSDP, activation checkpointing, DDP, torch.compile)
+void gcd_strip_wrappers(char *name);
+
+// ----------------------------------------------------------------------------
+// shards.c: gradcheck.shards, the FSDP maps
+
+// gradcheck.shards: {"name": {"shape": [full dims], "start": flat offset}}: this file's tensor of that
+// name holds the contiguous run of the parameter's row-major elements from start (FSDP)
+struct gcd_shard_map {
+    int n;
+    struct shard { char *name; uint64_t start, numel; int ndim; int shape[GCD_ST_MAX_DIM]; } *e;   // (n) by name
+};
+
+const struct shard *gcd_shard_of(const gcd_shard_map *m, const char *name);
+int gcd_shards_load(const gcd_st_file *f, gcd_shard_map *m, char *err, size_t len);
+void gcd_shards_free(gcd_shard_map *m);
+// every sharded parameter's pieces tile it (sets set->sharded); 2 with the message otherwise
+int gcd_shards_check(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len);
+
+// ----------------------------------------------------------------------------
+// digest.c: the files the scan does not hash, hashed by a pool of threads
+
+typedef struct gcd_hash_pool gcd_hash_pool;
+// starts hashing every file with inl[k] 0 (and the local dumps); pooled: how many; without threads, hashes them here
+gcd_hash_pool *gcd_hash_pool_start(gcd_check_set *set, const unsigned char *inl, int pooled);
+// waits for the pool; 0, or 2 with its first error in err
+int gcd_hash_pool_join(gcd_hash_pool *pool, char *err, size_t len);
