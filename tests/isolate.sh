@@ -15,6 +15,8 @@ set -u
 limit=${TEST_ISOLATE_LIMIT:-1500}
 root=$(mktemp -d "${TMPDIR:-/tmp}/gcd-isolate.XXXXXX") || { echo "isolate: cannot make a private directory in ${TMPDIR:-/tmp}" >&2; exit 3; }
 mkdir "$root/tmp" "$root/pytest" || exit 3
+# as /tmp is: a test acting as another user (test_hostile plants links as nobody) reaches its directories
+chmod 711 "$root" && chmod 1777 "$root/tmp" || exit 3
 tag=gcd-isolate-$$-$SRANDOM
 caught=0
 trap 'caught=1' INT TERM HUP
