@@ -10,6 +10,9 @@ bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
+# a failing check keeps its directory (gcd-pl-*, gcd-ddp-*: GradcheckFailure names it), as the README's
+# example means to: TMPDIR is this test's own, removed with it
+mkdir tmp && export TMPDIR=$work/tmp
 ln -s "$SRC/python" python
 ln -s "$BUILD" build
 # .venv: the repository's (Debian's torch + gradcheck_dist), with this build's program first on PATH once
