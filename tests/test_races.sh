@@ -48,6 +48,7 @@ while not os.path.exists(os.environ["FAKE_GO"]):   # quiet: the launcher reaps m
     time.sleep(0.05)
 for _ in range(1100):                               # past 1 MiB before any rank started
     os.write(2, b"x" * 1023 + b"\n")
+open(os.environ["FAKE_GO"] + ".flooded", "w").close()   # all but the pipe's last 64 KiB read by the launcher
 while not os.path.exists(os.environ["FAKE_STOP"]):  # then a trickle: the launcher keeps reading
     os.write(2, b".")
     time.sleep(0.05)
@@ -84,8 +85,9 @@ PY
     else
         wait_for 20 test -e "$work/impostor.ready" || fail "stale_pgid: the impostor did not start"
         touch "$work/go"
-        wait_for 30 past_1mib "$work/out" || fail "stale_pgid: the flood never reached the launcher ($(stat -c %s "$work/out") bytes of its stderr)"
-        sleep 0.5
+        wait_for 30 past_1mib "$work/out" && wait_for 30 test -e "$work/go.flooded" ||
+            fail "stale_pgid: the flood never reached the launcher ($(stat -c %s "$work/out") bytes of its stderr)"
+        sleep 1   # the launcher reads on past its 1 MiB: the job is ended there (what once signalled the group)
         [ ! -s "$work/impostor.log" ] || fail "stale_pgid: a flood after mpirun was reaped signalled its group id, now another's: the impostor got signal $(cat "$work/impostor.log")"
         kill -INT $L; sleep 0.2; kill -INT $L; sleep 1
         gone "$imp" && fail "stale_pgid: two SIGINTs after mpirun was reaped killed its group id, now another's (the impostor, pid $imp)"
