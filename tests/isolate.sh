@@ -13,23 +13,25 @@
 set -u
 [ $# -ge 1 ] || { echo "usage: isolate.sh COMMAND [ARG...]" >&2; exit 2; }
 limit=${TEST_ISOLATE_LIMIT:-1500}
-root=$(mktemp -d "${TMPDIR:-/tmp}/gcd-isolate.XXXXXX") || { echo "isolate: cannot make a private directory in ${TMPDIR:-/tmp}" >&2; exit 3; }
-mkdir "$root/tmp" "$root/pytest" || exit 3
-# as /tmp is: a test acting as another user (test_hostile plants links as nobody) reaches its directories
-chmod 711 "$root" && chmod 1777 "$root/tmp" || exit 3
+# short names: a socket a test makes in its TMPDIR (multiprocessing's forkserver, Open MPI's) has 107 bytes
+base=${TMPDIR:-/tmp}
+tmp=$(mktemp -d "$base/gt.XXXXXX") && meta=$(mktemp -d "$base/gm.XXXXXX") ||
+    { echo "isolate: cannot make private directories in $base" >&2; rm -rf "${tmp:-}"; exit 3; }
+# the test's TMPDIR as /tmp is (test_hostile plants links as nobody there); meta: the sid, pytest's root
+chmod 1777 "$tmp" && chmod 711 "$meta" || exit 3
 tag=gcd-isolate-$$-$SRANDOM
 caught=0
 trap 'caught=1' INT TERM HUP
 
 # the session leader writes its pid (= the session id) before it becomes the test; the tag outlives a setsid
-TMPDIR=$root/tmp PYTEST_DEBUG_TEMPROOT=$root/pytest TEST_ISOLATE="${TEST_ISOLATE:-}:$tag" \
-    timeout -k 10 "$limit" setsid bash -c 'echo $$ > "$0" && exec "$@"' "$root/sid" "$@" &
+TMPDIR=$tmp PYTEST_DEBUG_TEMPROOT=$meta TEST_ISOLATE="${TEST_ISOLATE:-}:$tag" \
+    timeout -k 10 "$limit" setsid bash -c 'echo $$ > "$0" && exec "$@"' "$meta/sid" "$@" &
 runner=$!
 wait "$runner"
 rc=$?
 [ "$caught" = 1 ] && { rc=130; kill -TERM "$runner" 2>/dev/null; wait "$runner"; }
 [ "$rc" = 124 ] && echo "isolate: the test was still running after $limit s: ended (TERM, KILL 10 s later)" >&2
-sid=$(cat "$root/sid" 2>/dev/null)
+sid=$(cat "$meta/sid" 2>/dev/null)
 
 # its processes: in its session, or carrying its tag (a daemon that left the session keeps its environment);
 # not a zombie (dead, its parent's to reap: that parent is counted if it is the test's)
@@ -46,11 +48,11 @@ if [ -n "$pids" ]; then
     [ "$rc" = 0 ] || [ "$rc" = 77 ] && rc=1
 fi
 
-files=$(find "$root/tmp" -mindepth 1 -maxdepth 3 2>/dev/null)
+files=$(find "$tmp" -mindepth 1 -maxdepth 3 2>/dev/null)
 if [ -n "$files" ]; then
-    echo "isolate: the test left $(find "$root/tmp" -mindepth 1 | wc -l) file(s) in its TMPDIR (removed now):" >&2
-    echo "$files" | sed "s|^$root/tmp/||" | head -40 >&2
+    echo "isolate: the test left $(find "$tmp" -mindepth 1 | wc -l) file(s) in its TMPDIR (removed now):" >&2
+    echo "$files" | sed "s|^$tmp/||" | head -40 >&2
     [ "$rc" = 0 ] || [ "$rc" = 77 ] && rc=1
 fi
-rm -rf "$root" || { echo "isolate: cannot remove $root" >&2; [ "$rc" = 0 ] && rc=1; }
+rm -rf "$tmp" "$meta" || { echo "isolate: cannot remove $tmp or $meta" >&2; [ "$rc" = 0 ] && rc=1; }
 exit "$rc"

@@ -36,7 +36,7 @@ case_() {
 case_ clean 0 "" bash -c 'f=$(mktemp); echo hi > "$f"; rm "$f"; sleep 0.1 & wait'
 case_ exit_code_kept 5 "" bash -c 'exit 5'
 case_ skip_code_kept 77 "" bash -c 'exit 77'
-case_ private_tmpdir 0 "" bash -c '[ "$(stat -c %a "$TMPDIR")" = 1777 ] && [ "$TMPDIR" != "'"$base"'" ] && case "$TMPDIR" in "'"$base"'"/gcd-isolate.*) ;; *) exit 9;; esac'
+case_ private_tmpdir 0 "" bash -c '[ "$(stat -c %a "$TMPDIR")" = 1777 ] && [ "$TMPDIR" != "'"$base"'" ] && case "$TMPDIR" in "'"$base"'"/gt.*) ;; *) exit 9;; esac'
 case_ left_file 1 "left 1 file(s) in its TMPDIR" bash -c 'touch "$TMPDIR/leftover"'
 case_ left_dir 1 "tmp_remote" bash -c 'mkdir "$TMPDIR/tmp_remote" && touch "$TMPDIR/tmp_remote/_remote_module_non_scriptable.py"'
 case_ pytest_root_is_not_a_leftover 0 "" bash -c 'mkdir -p "$PYTEST_DEBUG_TEMPROOT/pytest-of-root/pytest-0"'
