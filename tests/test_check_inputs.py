@@ -646,6 +646,47 @@ def check_writes_no_report_unasked():
 
 
 @case
+def every_rendering_of_one_check_tells_one_outcome():
+    """Issue 33: check --json /dev/full was exit 3 while another rendering of the same check said exit 0. One
+    output that cannot be written makes the run exit 3, and every rendering written says so: the JUnit an
+    error, the JSON exit_code 3 and result error, the text 'result: error (exit 3)'."""
+    if not os.path.exists("/dev/full"):
+        raise Fail("/dev/full is missing: this case needs a device that is always full")
+    d = fresh("one_outcome")
+    os.makedirs(os.path.join(d, "dumps"), exist_ok=True)
+    w.write_world(os.path.join(d, "dumps"), [{"a": A}] * 2)
+    dumps, xml, js = os.path.join(d, "dumps"), os.path.join(d, "full.xml"), os.path.join(d, "full.json")
+    rc, out, err = run([dumps, "--json", "/dev/full", "--junit", xml])
+    need(rc == 3 and "result: error (exit 3)" in out, f"--json /dev/full --junit FILE: exit {rc}: {out[-300:]} {err[-300:]}")
+    with open(xml) as f:
+        x = f.read()
+    need('errors="1"' in x.split("\n", 2)[1] and "/dev/full" in x, f"--json /dev/full: the JUnit written says no error: {x[:400]}")
+    rc, out, err = run([dumps, "--json", js, "--junit", "/dev/full"])
+    need(rc == 3 and "result: error (exit 3)" in out, f"--json FILE --junit /dev/full: exit {rc}: {out[-300:]} {err[-300:]}")
+    with open(js) as f:
+        r = json.load(f)
+    need(r["exit_code"] == 3 and r["result"] == "error" and "--junit" in r["error"]["message"],
+         f"--junit /dev/full: the JSON written says exit_code {r['exit_code']}, result {r['result']}")
+
+
+@case
+def forty_thousand_dump_files_are_read():
+    """Issue 33: 40,000 dump files (one world) ended in exit 3, 'out of memory: 2 bytes'. It is the user's input,
+    within what the system maps at once: read, exit 0, in bounded time."""
+    maps = int(open("/proc/sys/vm/max_map_count").read())
+    need(maps - 8192 >= 40000, f"vm.max_map_count {maps}: this system cannot map 40,000 dumps at once")
+    d = fresh("forty_thousand")
+    g = np.arange(2.0)
+    for k in range(40000):
+        with open(os.path.join(d, f"rank{k}.safetensors"), "wb") as f:
+            f.write(w.dump_bytes({"w": g}, rank=k, world=40000))
+    t0 = time.monotonic()
+    expect([d], 0, "40000 dumps", timeout=60)
+    need(time.monotonic() - t0 < 30, f"40,000 files read in {time.monotonic() - t0:.1f} s")
+    shutil.rmtree(d)
+
+
+@case
 def more_files_than_the_kernel_maps_is_exit_2():
     """Issue 33: one dump per rank of a world as large as the format allows (65,536 files, past Linux's default
     vm.max_map_count) ended in 'out of memory: 7340032 bytes', exit 3. It is the user's input: exit 2, naming

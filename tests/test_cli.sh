@@ -390,12 +390,16 @@ rc=$?
 [ $rc = 3 ] && grep -q "cancelled by signal 15" term.txt || fail "SIGTERM to the launcher: exit $rc: $(cat term.txt)"
 wait_for 10 no_ranks 99912 || fail "SIGTERM to the launcher left processes: $(ranks_of 99912)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGTERM to the launcher left a report: $(ls reports)"
-"$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99913 >kill.txt 2>&1 &
+# a launcher killed by SIGKILL cannot remove its private directory (gradcheck-dist.*): given a TMPDIR of
+# its own here, the test removes it (the ranks and mpirun must still go)
+mkdir -p ../tmp99913
+TMPDIR=$PWD/../tmp99913 "$G" run --world 2 --probe contrastive --mode on --batch 32 --steps 99913 >kill.txt 2>&1 &
 run=$!
 wait_for 20 has_rank 99913 0 && sleep 0.5 && kill -KILL $run
 wait $run 2>/dev/null
 wait_for 10 no_ranks 99913 || fail "SIGKILL to the launcher left processes: $(ranks_of 99913)"
 [ -z "$(ls reports 2>/dev/null)" ] || fail "SIGKILL to the launcher left a report: $(ls reports)"
+rm -rf ../tmp99913
 # a rank killed by a signal: named with its pid and host, and rank 0, alive, still writes the error report
 TMPDIR=$PWD/../tmp99915 "$G" run --world 3 --probe contrastive --mode on --batch 32 --steps 99915 --json dead.json --junit dead.xml >dead.txt 2>&1 &
 run=$!

@@ -84,6 +84,21 @@ MUTANTS = [
     ("claimed-tol-per-model",
      "set->ptol[j] = t;",
      "set->ptol[j] = 1e-2;", ["test_check_verdicts"]),
+    # issue 33's races, each the code before its fix: safetensors' SIGBUS guard behind a plain static flag;
+    # the launcher's handler with no signal blocked (a nested handler can lose signals++'s count); the
+    # process group signalled after mpirun was reaped (its id may be another's), by end_job and by kill_job
+    ("st-guard-static-done-flag",
+     "    static pthread_once_t once = PTHREAD_ONCE_INIT;\n    pthread_once(&once, guard_install_once);",
+     "    static int done;\n    if (done) return;\n    guard_install_once();\n    done = 1;", ["test_st_guard"]),
+    ("launcher-handler-nests",
+     "    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, forwarded[i]);   // one handler at a time: signals++ never loses a count",
+     "", ["test_races"]),
+    ("launcher-end-job-signals-a-reaped-group",
+     "    if (mpirun_pid <= 0) return;   // reaped: its group id is no longer ours",
+     "", ["test_races"]),
+    ("launcher-kill-job-signals-a-reaped-group",
+     "    if (mpirun_pid > 0) kill(-pid, SIGKILL);   // never a group id after mpirun was reaped (it may be another's)",
+     "    kill(-pid, SIGKILL);", ["test_races"]),
 ]
 
 

@@ -13,5 +13,7 @@ for args in "--world 1" "--world 2 --inputs random" "--world 3 --probe contrasti
     "$G" run $args --full --json "$name" >/dev/null 2>run.err || { echo "gradcheck-dist run $args failed: $(cat run.err)"; echo "0 passed, 1 failed"; exit 1; }
     reports+=("$name")
 done
-GCD_CROSSCHECK_TIMEOUT=240 timeout 600 "$PY" "$SRC/tests/torch/crosscheck.py" "${reports[@]}" 2>&1 | grep -v "reducer.cpp\|InitGoogleLogging"
+# the workers import torch.distributed.nn, which makes a directory in TMPDIR that their os._exit never
+# removes: TMPDIR is this test's own, removed with it
+TMPDIR=$work GCD_CROSSCHECK_TIMEOUT=240 timeout 600 "$PY" "$SRC/tests/torch/crosscheck.py" "${reports[@]}" 2>&1 | grep -v "reducer.cpp\|InitGoogleLogging"
 exit "${PIPESTATUS[0]}"

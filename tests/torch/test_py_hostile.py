@@ -9,10 +9,12 @@
     GRADCHECK_DIST=build/gradcheck-dist .venv/bin/python -m pytest -q tests/torch/test_py_hostile.py
 """
 import os
+import pathlib
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -211,8 +213,11 @@ def _alive(pid):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])
 def test_ctrl_c_during_check_ddp_leaves_no_process_and_no_directory(tmp_path, sig):
-    marks, tmp = tmp_path / "marks", tmp_path / "tmp"
-    marks.mkdir(), tmp.mkdir()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # the script's TMPDIR, a short path (inside the conftest's private one): the forkserver's socket,
+    # TMPDIR/pymp-*/listener-*, must fit in 107 bytes, which one under a deep tmp_path did not
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="c-"))
     script = tmp_path / "slow.py"
     script.write_text(SLOW_SCRIPT.format(pydir=os.path.abspath(PYDIR), marks=str(marks)))
     env = dict(os.environ, TMPDIR=str(tmp))
