@@ -99,10 +99,10 @@ static cJSON *ranks_named(const gcd_run_result *res) {
 // ----------------------------------------------------------------------------
 
 int gcd_guard_judge(const double *summary, int world, int nparam, int k, const char *const *names, const int *ndim,
-                    const long long *shape, const unsigned char *sharded, long long step, int every, double tol,
+                    const long long *shape, long long step, int every, double tol,
                     const char *report, char **json, char *err, size_t errlen) {
     *json = NULL;
-    if (!summary || !names || !ndim || !shape || !sharded || world < 1 || nparam < 0 || k < 1 || !(tol > 0)) {
+    if (!summary || !names || !ndim || !shape || world < 1 || nparam < 0 || k < 1 || !(tol > 0)) {
         snprintf(err, errlen, "guard: bad arguments (world %d, %d parameters, sketch %d, tol %g)", world, nparam, k, tol);
         return 2;
     }
@@ -131,7 +131,19 @@ int gcd_guard_judge(const double *summary, int world, int nparam, int k, const c
         for (int d = 0; d < ndim[i]; d++) p->shape[d] = (int)shape[(size_t)i * GCD_PARAM_MAX_DIM + d], p->n *= (size_t)p->shape[d];
         p->tol = tol;
         p->tol_source = GCD_TOL_GIVEN;
-        fill(p, &s, summary, world, nparam, k, i, sharded[i]);
+        int sharded = 0;
+        for (int r = 0; r < world; r++) {
+            const double *x = row(summary, nparam, k, r, i);
+            sharded |= x[GCD_GUARD_SHARDED] != 0;
+            if (x[GCD_GUARD_NAME] != row(summary, nparam, k, 0, i)[GCD_GUARD_NAME]) {
+                snprintf(err, errlen, "guard: rank %d lists another parameter than rank 0 (%s) at position %d: every rank must "
+                         "summarise the same parameters in the same order", r, names[i], i);
+                free(p->has), free(p->differs), free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite);
+                free_params(&res);
+                return 2;
+            }
+        }
+        fill(p, &s, summary, world, nparam, k, i, sharded);
         if (!p->ran) {   // its module ran on no rank this step: no gradient is owed (a zero left by zero_grad neither)
             free(p->has), free(p->differs), free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite);
             memset(p, 0, sizeof *p);
