@@ -27,7 +27,7 @@ ABI = 1
 COLS = 7  # name hash, present, non-finite, first non-finite, norm, ran, sharded (src/guard/guard.h)
 MAX_DIM = 8
 ROW = 1024  # the sketch's projections: a chunk of CHUNK elements is a (CHUNK // ROW, ROW) matrix G, and
-CHUNK = ROW * 1024  # s = (w G) R with w (CHUNK // ROW) and R (ROW, K) drawn from (seed, parameter, chunk)
+CHUNK = ROW * 256  # s = (G w) R with w (ROW) and R (CHUNK // ROW, K) drawn from (seed, parameter, chunk)
 TOL = 1e-4  # relative difference between two ranks' gradients that counts (docs/guard.md: why)
 
 log = logging.getLogger("gradcheck_dist.guard")
@@ -128,13 +128,16 @@ def _seed(base, name):
 
 def _sketch(g, start, seed, k):
     """sum over g's elements i (global index start + i in its parameter) of g_i r(i), r(i) a K-vector drawn from
-    (seed, chunk of i): linear, so the sketches of a parameter's shards add to the whole one's. Never more than
-    one chunk's projections (and, for a row cut by a shard's edge or the tail, one padded row) at once."""
+    (seed, chunk of i): r(i)_j = w[col] R[row, j] where i's chunk is a (CHUNK // ROW, ROW) matrix. Linear, so the
+    sketches of a parameter's shards add to the whole one's. Holds one chunk's w and R at once, and copies nothing
+    of g (a row cut by a shard's edge is a dot product with the matching part of w). Returns (sketch, ||g||^2): the
+    sum of squares is taken chunk by chunk too, while the chunk (1 MiB of float32) is still in the cache."""
     import torch
 
     dev = g.device
     dt = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
     acc = torch.zeros(k, dtype=torch.float64, device=dev)
+    ss = torch.zeros((), dtype=torch.float64, device=dev)
     gen = torch.Generator(device=dev)
     n, pos = g.numel(), 0
     while pos < n:
@@ -143,24 +146,23 @@ def _sketch(g, start, seed, k):
         lo = at - c * CHUNK
         hi = min(CHUNK, lo + (n - pos))
         gen.manual_seed((seed * 1000003 + c) & 0x7FFFFFFFFFFFFFFF)
-        w = torch.randn(CHUNK // ROW, generator=gen, device=dev, dtype=dt)
-        R = torch.randn(ROW, k, generator=gen, device=dev, dtype=dt)
+        w = torch.randn(ROW, generator=gen, device=dev, dtype=dt)
+        R = torch.randn(CHUNK // ROW, k, generator=gen, device=dev, dtype=dt)
         piece = g[pos:pos + hi - lo]
-        v = torch.zeros(ROW, dtype=dt, device=dev)
+        ss += piece.to(dt).dot(piece.to(dt)).double() if piece.dtype == dt else piece.to(dt).pow(2).sum().double()
+        v = torch.zeros(CHUNK // ROW, dtype=dt, device=dev)
         r0, r1 = -(-lo // ROW), hi // ROW  # whole rows r0..r1
         if r0 < r1:
             a = r0 * ROW - lo
-            v += w[r0:r1] @ piece[a:a + (r1 - r0) * ROW].to(dt).view(r1 - r0, ROW)
+            v[r0:r1] = piece[a:a + (r1 - r0) * ROW].to(dt).view(r1 - r0, ROW).mv(w)
         else:
             r0 = r1 = lo // ROW + 1
-        for row, a, b in ((lo // ROW, lo, min(hi, r0 * ROW)), (r1, max(lo, r1 * ROW), hi)):  # cut rows, padded
+        for row, a, b in ((lo // ROW, lo, min(hi, r0 * ROW)), (r1, max(lo, r1 * ROW), hi)):  # cut rows
             if a < b:
-                pad = torch.zeros(ROW, dtype=dt, device=dev)
-                pad[a - row * ROW:b - row * ROW] = piece[a - lo:b - lo].to(dt)
-                v += w[row] * pad
+                v[row] += piece[a - lo:b - lo].to(dt).dot(w[a - row * ROW:b - row * ROW])
         acc += (v @ R).double()
         pos += hi - lo
-    return acc
+    return acc, ss
 
 
 def _row(name, g, shard, ran, k, seed, dev):
@@ -171,8 +173,9 @@ def _row(name, g, shard, ran, k, seed, dev):
     row = torch.tensor(head + [0.0] * k, dtype=torch.float64, device=g.device if g is not None else dev)
     if g is not None and g.numel():
         g = g.detach().reshape(-1)
-        row[4] = torch.linalg.vector_norm(g)
-        row[COLS:] = _sketch(g, int(shard["start"]) if shard is not None else 0, _seed(seed, name), k)
+        sk, ss = _sketch(g, int(shard["start"]) if shard is not None else 0, _seed(seed, name), k)
+        row[4] = ss.sqrt()  # not finite, or 0 where the values are not: summarise looks again (_fix)
+        row[COLS:] = sk
     return row.to(dev)
 
 

@@ -179,13 +179,14 @@ def test_correct_clip_run_of_200_steps_should_give_no_finding(seed):
 
 def test_sketch_of_shards_should_add_to_the_whole():
     g = torch.randn(2 * CHUNK + 4097, generator=torch.Generator().manual_seed(5))
-    whole = _sketch(g, 0, 11, 8)
+    whole, ss = _sketch(g, 0, 11, 8)
+    assert abs(float(ss.sqrt()) / float(g.double().norm()) - 1) < 1e-6
     for cut in (1, 1023, 1024, 5000, CHUNK - 1, CHUNK, CHUNK + 3000, 2 * CHUNK + 1):
-        parts = _sketch(g[:cut], 0, 11, 8) + _sketch(g[cut:], cut, 11, 8)
+        parts = _sketch(g[:cut], 0, 11, 8)[0] + _sketch(g[cut:], cut, 11, 8)[0]
         assert float((parts - whole).norm() / whole.norm()) < 1e-5, cut
     other = g.clone()
     other[CHUNK + 17] += 1e-2 * float(g.norm())  # one changed value changes the sketch
-    assert float((_sketch(other, 0, 11, 8) - whole).norm() / whole.norm()) > 1e-3
+    assert float((_sketch(other, 0, 11, 8)[0] - whole).norm() / whole.norm()) > 1e-3
 
 
 # ---- Lightning: the default all_gather (sync_grads=False) detaches the encoders
