@@ -258,3 +258,73 @@ def test_lightning_default_all_gather_should_raise_naming_the_encoders():
     f = findings(res[0]["report"], "none")
     assert f and sorted(f[0]["params"]) == ["img.bias", "img.weight", "txt.bias", "txt.weight"], res[0]["report"]
     assert "only 1 of 5 parameters receives a gradient: logit_scale" in f[0]["message"], f[0]["message"]
+
+
+# ---- FSDP2 (DTensor shards, torch >= 2.4): summarised per shard, combined per parameter
+
+
+def _fsdp2_rank(rank, outdir, port):
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    from gradcheck_dist.guard import COLS, _seed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))  # 10 rows: uneven over 4
+    for m in (model[0], model[2]):
+        fully_shard(m)
+    fully_shard(model)
+    g = guard(model, every=1, k=8)
+    out = {}
+    x = torch.randn(8, 12, generator=torch.Generator().manual_seed(rank))
+    model(x).pow(2).mean().backward()
+    names, _, table = g.summarise(torch.device("cpu"))
+    sums = table[:, COLS:].clone()
+    dist.all_reduce(sums)  # the shards' sketches, added
+    fulls = {n: p.grad.full_tensor().reshape(-1) for n, p in model.named_parameters()}
+    out["sketch_err"] = max(float((sums[i] - _sketch(fulls[n], 0, _seed(0, n), 8)[0]).norm() / fulls[n].norm())
+                            for i, n in enumerate(names))
+    out["sharded"] = [bool(x) for x in table[:, 6].tolist()]
+    report = g.check(0)
+    out["clean"] = report["result"]
+    out["norm_err"] = max(abs(p["norm"] / float(fulls[p["name"]].norm()) - 1) for p in report["runs"][0]["params"])
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+    if rank == 1:
+        list(model.parameters())[0].grad.to_local()[0, 0] = float("nan")  # rank 1's shard of 0.weight
+    try:
+        g.check(1)
+        out["nan"] = None
+    except GradcheckFinding as e:
+        out["nan"] = (e.ranks, [f["kind"] for f in e.report["runs"][0]["findings"] if f["counts"]])
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_shards_should_combine_to_the_whole_and_locate_a_nan():
+    if not hasattr(torch.distributed, "tensor") and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
+        pytest.skip(f"FSDP2 needs torch >= 2.4 (this is {torch.__version__}): the torch2 tier runs it")
+    outdir = tempfile.mkdtemp(prefix="guard-fsdp2-")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_fsdp2_rank, args=(r, outdir, port)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    with open(os.path.join(outdir, "rank0.json")) as f:
+        r = json.load(f)
+    assert all(r["sharded"]) and r["clean"] == "pass", r
+    assert r["sketch_err"] < 1e-5 and r["norm_err"] < 1e-5, r
+    assert r["nan"] == [[1], ["nonfinite"]], r  # (ranks named, finding kinds), through JSON
