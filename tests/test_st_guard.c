@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "safetensors.h"
+#include "check/safetensors.h"
 
 enum { THREADS = 16 };
 

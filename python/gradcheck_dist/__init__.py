@@ -6,6 +6,8 @@
     check_ddp(...), check_lightning(...), run_check(...)   see harness.py
     snippet()                          the recipe `gradcheck-dist check --snippet` prints
     all_gather_with_grad(x)            a gather whose backward carries gradients, current on every torch
+    guard(model, every=N)              a check inside training every N steps (the C classifier, in-process);
+    GradcheckGuard(every_n_steps=N)    the same as a Lightning Callback (docs/guard.md)
     track(model)                       records what model's forward does (autocast precision, which modules ran,
                                        dropout, plain BatchNorm) for the dumps; track_precision: its old name
 """
@@ -13,12 +15,13 @@ import os
 
 from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track, track_precision, write_dump
 from .gather import all_gather_with_grad
+from .guard import Guard, GradcheckFinding, guard
 
 with open(os.path.join(os.path.dirname(__file__), "VERSION")) as _f:   # the one version: CMake reads it too
     __version__ = _f.read().strip()
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
            "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
-           "all_gather_with_grad", "clean_name"]
+           "all_gather_with_grad", "clean_name", "guard", "Guard", "GradcheckFinding", "GradcheckGuard"]
 
 
 def snippet():
@@ -39,10 +42,10 @@ _patch_lightning_if_imported()
 
 
 def __getattr__(name):  # Lightning and the harness only when asked for
-    if name == "GradcheckDump":
-        from .lightning import GradcheckDump
+    if name in ("GradcheckDump", "GradcheckGuard"):
+        from . import lightning
 
-        return GradcheckDump
+        return getattr(lightning, name)
     if name in ("run_check", "check_ddp", "check_lightning", "GradcheckFailure"):
         from . import harness
 

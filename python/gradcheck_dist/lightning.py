@@ -125,3 +125,27 @@ class _GradcheckDump:
 
 
 GradcheckDump = type("GradcheckDump", (_GradcheckDump, lightning_package().Callback), {"__doc__": _GradcheckDump.__doc__})
+
+
+class _GradcheckGuard:
+    """Guards training (gradcheck_dist.guard, docs/guard.md) every `every_n_steps` optimizer steps, in
+    on_before_optimizer_step: after the backward's reduce (DDP, FSDP) and the precision plugin's unscale, before the
+    optimizer steps. on_finding: "raise" (GradcheckFinding, on every rank), "warn" or "log"; report: a path (may hold
+    "{step}") where rank 0 writes check's JSON report at each guarded step; k, tol, seed: see guard()."""
+
+    def __init__(self, every_n_steps=100, on_finding="raise", report=None, k=8, tol=None, seed=0):
+        self.every, self.on_finding, self.report, self.k, self.tol, self.seed = every_n_steps, on_finding, report, k, tol, seed
+        self.guard = None
+
+    def on_fit_start(self, trainer, pl_module):
+        from .guard import TOL, Guard
+
+        self.guard = Guard(pl_module, every=self.every, on_finding=self.on_finding, report=self.report, k=self.k,
+                           tol=TOL if self.tol is None else self.tol, seed=self.seed)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer, *args):
+        if self.guard is not None:
+            self.guard.check(trainer.global_step)
+
+
+GradcheckGuard = type("GradcheckGuard", (_GradcheckGuard, lightning_package().Callback), {"__doc__": _GradcheckGuard.__doc__})

@@ -41,6 +41,8 @@ cJSON *gcd_report_new(int argc, char **argv, const gcd_env *env);
 void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role, gcd_values values);
 // check: the dumps, their XXH3-128 digests, and each parameter's figures; sets the report's tolerance
 void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_result *res);
+// guard: the reduced stage judged from the ranks' summaries (src/guard); returns the run, for the caller's additions
+cJSON *gcd_report_add_guard(cJSON *doc, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
 // The document as JSON text (malloc'd): each double in the shortest form that reads back exactly.

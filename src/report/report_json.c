@@ -355,3 +355,36 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     }
     add_findings(r, res);
 }
+
+// guard (src/guard): a check of the reduced stage from the ranks' summaries, inside training: no dumps, no
+// reference. The run's figures are check's; the caller adds its "guard" object (step, ranks) to the run returned.
+cJSON *gcd_report_add_guard(cJSON *doc, const gcd_run_result *res) {
+    cJSON_ReplaceItemInObject(doc, "tolerance", chk(num(res->tol)));
+    cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
+    put(r, "probe", cJSON_CreateString("check"));
+    put(r, "mode", cJSON_CreateString("reduced"));
+    put(r, "stage", cJSON_CreateString("reduced"));
+    put(r, "role", cJSON_CreateString("test"));
+    put(r, "world", cJSON_CreateNumber(res->world));
+    put(r, "tolerance", num(res->tol));
+    put(r, "seconds", num(res->seconds));
+    put(r, "dumps", cJSON_CreateArray());
+    put(r, "reference", cJSON_CreateNull());
+    put(r, "reference2", cJSON_CreateNull());
+    cJSON *ps = put(r, "params", cJSON_CreateArray());
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        cJSON *o = push(ps, cJSON_CreateObject());
+        put(o, "name", cJSON_CreateString(p->name));
+        put(o, "shape", shape(p->ndim, p->shape));
+        put(o, "status", cJSON_CreateString(gcd_status_str(p->status)));
+        put(o, "ranks_with_grad", cJSON_CreateNumber(p->nhave));
+        put(o, "norm", p->status == GCD_ST_NONE ? cJSON_CreateNull() : num(p->norm));
+        put(o, "nonfinite", cJSON_CreateNumber((double)p->nonfinite));
+        put(o, "max_rank_diff", num(p->max_diff));
+        put(o, "rank_diff_rel", num(p->diff_rel));
+        put(o, "per_rank", per_rank(p, res->world));
+    }
+    add_findings(r, res);
+    return r;
+}

@@ -96,4 +96,16 @@ report_ok() {
 result $? "watchdog, rank $stall_rank asleep in a collective for 30 s, GCD_NCCL_TIMEOUT=3: exit 3, \"no progress 3 s\"" \
     "exit $rc after $took s: $(grep -m1 "no progress" "$out/stall.txt" || tail -1 "$out/stall.txt")"
 
+# ---- the guard (issue 35) on CUDA tensors over NCCL: torch's own process group, one rank per GPU; needs a
+# python3 with CUDA torch (FAIL without one). Untested until a GPU machine runs it.
+if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    GRADCHECK_DIST_LIB=$PWD/build-gpu/libgradcheck_dist.so timeout 600 python3 tests/gpu/guard_gpu.py "$world" >"$out/guard.txt" 2>&1
+    rc=$?
+    grep -E "^(PASS|FAIL)" "$out/guard.txt"
+    [ $rc = 0 ]
+    result $? "guard on CUDA/NCCL (tests/gpu/guard_gpu.py): every case as expected" "exit $rc, output $out/guard.txt"
+else
+    result 1 "guard on CUDA/NCCL: a python3 with CUDA torch" "none here: pip install torch (CUDA), then run again"
+fi
+
 finish

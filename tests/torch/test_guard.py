@@ -1,0 +1,330 @@
+"""gradcheck_dist.guard inside real training (issue 35): 4 gloo CPU ranks, a small CLIP-like model, plain loops
+(torchrun-style processes) and a Lightning Trainer. Each defect is caught at the first guarded step and located
+(the ranks named); a correct run of 200 steps is clean on every seed tried. Runs on torch 1.13 (.venv) and
+torch 2.x (.venv-torch2); FSDP2 (DTensor shards) on torch 2.x only.
+
+usage: GRADCHECK_DIST_LIB=build/libgradcheck_dist.so python -m pytest -q tests/torch/test_guard.py
+"""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "python"))
+import gradcheck_dist  # noqa: E402
+from gradcheck_dist.guard import CHUNK, GradcheckFinding, _sketch, guard  # noqa: E402
+
+WORLD = 4
+B, DI, DT, E = 8, 12, 10, 6
+TIMEOUT = 300  # seconds for a whole multi-rank case
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Clip(torch.nn.Module):
+    def __init__(self, head=False):
+        super().__init__()
+        self.img = torch.nn.Sequential(torch.nn.Linear(DI, 16), torch.nn.Tanh(), torch.nn.Linear(16, E))
+        self.txt = torch.nn.Linear(DT, E)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        self.head = torch.nn.Linear(E, 1) if head else None
+
+    def forward(self, x_img, x_txt, gather, use_head=False):
+        I, T = F.normalize(self.img(x_img), dim=-1), F.normalize(self.txt(x_txt), dim=-1)
+        loss = clip_loss(self.logit_scale.exp(), gather(I), gather(T))
+        if use_head:
+            loss = loss + self.head(I).pow(2).mean()
+        return loss
+
+
+def clip_loss(scale, I, T):
+    logits = scale * I @ T.t()
+    labels = torch.arange(len(I))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+def batch_for(rank, step, seed):
+    g = torch.Generator().manual_seed(seed * 100003 + step * 101 + rank)
+    return torch.randn(B, DI, generator=g), torch.randn(B, DT, generator=g)
+
+
+# ---- one rank of a plain training loop (torch.distributed, gloo), started by run_case
+
+
+def _rank(rank, case, seed, steps, outdir, port):
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(seed)
+    model = Clip(head=(case == "partial"))
+    out = {"finding": None}
+    left_out = dist.new_group([0, 1, 2]) if case == "left_out" else None
+    if case in ("ok", "nan"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(model)
+    else:
+        wrapped = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = guard(wrapped, every=1, on_finding="raise", report=os.path.join(outdir, "report-{step}.json"), k=8)
+    try:
+        for step in range(steps):
+            x_img, x_txt = batch_for(rank, step, seed)
+            use_head = case == "partial" and rank < 2  # an auxiliary loss on ranks 0 and 1 only
+            loss = wrapped(x_img, x_txt, gradcheck_dist.all_gather_with_grad, use_head)
+            loss.backward()
+            if case == "left_out":  # a hand-written average whose group leaves rank 3 out: it keeps its own
+                for p in model.parameters():
+                    if rank < 3:
+                        dist.all_reduce(p.grad, group=left_out)
+                        p.grad /= 3
+            if case == "partial":  # a hand-written average that skips the parameters a rank has no gradient for
+                for p in model.parameters():
+                    t = p.grad if p.grad is not None else torch.zeros_like(p)
+                    dist.all_reduce(t)
+                    if p.grad is not None:
+                        p.grad = t / WORLD
+            if case == "nan" and rank == 2 and step == 3:  # after the reduce: a rank-local op gone wrong
+                model.img[0].weight.grad[1, 2] = float("nan")
+            g.check(step)
+            opt.step()
+            opt.zero_grad()
+        out["steps"] = steps
+    except GradcheckFinding as e:
+        out = {"finding": str(e), "step": e.step, "ranks": e.ranks, "report": e.report}
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+def run_case(case, seed=0, steps=6):
+    outdir = tempfile.mkdtemp(prefix="guard-")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, case, seed, steps, outdir, port)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert all(p.exitcode == 0 for p in procs), f"{case}: rank exit codes {[p.exitcode for p in procs]}"
+    res = []
+    for r in range(WORLD):
+        with open(os.path.join(outdir, f"rank{r}.json")) as f:
+            res.append(json.load(f))
+    return res, outdir
+
+
+def findings(report, kind):
+    return [f for f in report["runs"][0]["findings"] if f["kind"] == kind and f["counts"]]
+
+
+def test_left_out_rank_should_disagree_naming_rank_3():
+    res, _ = run_case("left_out")
+    for r in res:  # every rank raises the same, at the first guarded step
+        assert r["finding"] and r["step"] == 0 and r["ranks"] == [3], r
+    f = findings(res[0]["report"], "disagree")
+    assert f and "rank 3" in f[0]["message"] and "between rank 0" in f[0]["message"], res[0]["report"]["runs"][0]["findings"]
+
+
+def test_nan_on_one_rank_should_be_found_on_rank_2():
+    res, outdir = run_case("nan")
+    for r in res:
+        assert r["finding"] and r["step"] == 3 and r["ranks"] == [2], r
+    f = findings(res[0]["report"], "nonfinite")
+    assert f and f[0]["params"] == ["img.0.weight"] and "on rank 2: 1 of 192 (first at index 14)" in f[0]["message"], f
+    with open(os.path.join(outdir, "report-3.json")) as fh:  # rank 0 wrote check's report, with the step
+        written = json.load(fh)
+    assert written["runs"][0]["guard"] == {"step": 3, "every": 1, "sketch": 8, "ranks": [2]} and written["result"] == "fail"
+
+
+def test_parameter_used_on_some_ranks_should_be_partial_naming_ranks_2_and_3():
+    res, _ = run_case("partial")
+    for r in res:
+        assert r["finding"] and r["step"] == 0 and r["ranks"] == [2, 3], r
+    f = findings(res[0]["report"], "partial")
+    assert sorted(x["params"][0] for x in f) == ["head.bias", "head.weight"], f
+    assert all("None on ranks 2 and 3" in x["message"] for x in f), f
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_correct_clip_run_of_200_steps_should_give_no_finding(seed):
+    res, _ = run_case("ok", seed=seed, steps=200)
+    for r in res:
+        assert r["finding"] is None and r["steps"] == 200, r
+
+
+# ---- the sketch: linear, so shards add (FSDP); bounded memory
+
+
+def test_sketch_of_shards_should_add_to_the_whole():
+    g = torch.randn(2 * CHUNK + 4097, generator=torch.Generator().manual_seed(5))
+    whole, ss = _sketch(g, 0, 11, 8)
+    assert abs(float(ss.sqrt()) / float(g.double().norm()) - 1) < 1e-6
+    for cut in (1, 1023, 1024, 5000, CHUNK - 1, CHUNK, CHUNK + 3000, 2 * CHUNK + 1):
+        parts = _sketch(g[:cut], 0, 11, 8)[0] + _sketch(g[cut:], cut, 11, 8)[0]
+        assert float((parts - whole).norm() / whole.norm()) < 1e-5, cut
+    other = g.clone()
+    other[CHUNK + 17] += 1e-2 * float(g.norm())  # one changed value changes the sketch
+    assert float((_sketch(other, 0, 11, 8)[0] - whole).norm() / whole.norm()) > 1e-3
+
+
+# ---- Lightning: the default all_gather (sync_grads=False) detaches the encoders
+
+
+LIGHTNING = r'''
+import json, math, os, sys
+sys.path.insert(0, sys.argv[2])
+import torch, torch.nn.functional as F
+from gradcheck_dist.lightning import lightning_package, GradcheckGuard
+from gradcheck_dist.guard import GradcheckFinding
+pl = lightning_package()
+B, DI, DT, E = 8, 12, 10, 6
+
+class LitClip(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.img, self.txt = torch.nn.Linear(DI, E), torch.nn.Linear(DT, E)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+    def training_step(self, batch, batch_idx):
+        I, T = F.normalize(self.img(batch[0]), dim=-1), F.normalize(self.txt(batch[1]), dim=-1)
+        I, T = self.all_gather(I).flatten(0, 1), self.all_gather(T).flatten(0, 1)   # the default: sync_grads=False
+        logits = self.logit_scale.exp() * I @ T.t()
+        labels = torch.arange(len(I))
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+g = torch.Generator().manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, DI, generator=g), torch.randn(64, DT, generator=g))
+trainer = pl.Trainer(accelerator="cpu", devices=4, strategy="ddp_find_unused_parameters_true", max_steps=5,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=[GradcheckGuard(every_n_steps=2, on_finding="raise")])
+out = {"finding": None}
+try:
+    trainer.fit(LitClip(), torch.utils.data.DataLoader(data, batch_size=B))
+except GradcheckFinding as e:
+    out = {"finding": str(e), "step": e.step, "ranks": e.ranks, "report": e.report}
+with open(os.path.join(sys.argv[1], "rank%d.json" % trainer.global_rank), "w") as f:
+    json.dump(out, f)
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+def test_lightning_default_all_gather_should_raise_naming_the_encoders():
+    outdir = tempfile.mkdtemp(prefix="guard-pl-")
+    script = os.path.join(outdir, "lit.py")
+    with open(script, "w") as f:
+        f.write(LIGHTNING)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.Popen([sys.executable, script, outdir, os.path.join(SRC, "python")], env=env, cwd=outdir,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait(10)
+    res = []
+    for r in range(WORLD):
+        path = os.path.join(outdir, f"rank{r}.json")
+        assert os.path.exists(path), f"rank {r} wrote nothing:\n{log.decode(errors='replace')[-3000:]}"
+        with open(path) as f:
+            res.append(json.load(f))
+    for r in res:  # the first guarded step: global step 0
+        assert r["finding"] and r["step"] == 0 and r["ranks"] == [0, 1, 2, 3], r
+    f = findings(res[0]["report"], "none")
+    assert f and sorted(f[0]["params"]) == ["img.bias", "img.weight", "txt.bias", "txt.weight"], res[0]["report"]
+    assert "only 1 of 5 parameters receives a gradient: logit_scale" in f[0]["message"], f[0]["message"]
+
+
+# ---- FSDP2 (DTensor shards, torch >= 2.4): summarised per shard, combined per parameter
+
+
+def _fsdp2_rank(rank, outdir, port):
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    from gradcheck_dist.guard import COLS, _seed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))  # 10 rows: uneven over 4
+    for m in (model[0], model[2]):
+        fully_shard(m)
+    fully_shard(model)
+    g = guard(model, every=1, k=8)
+    out = {}
+    x = torch.randn(8, 12, generator=torch.Generator().manual_seed(rank))
+    model(x).pow(2).mean().backward()
+    names, _, table = g.summarise(torch.device("cpu"))
+    sums = table[:, COLS:].clone()
+    dist.all_reduce(sums)  # the shards' sketches, added
+    fulls = {n: p.grad.full_tensor().reshape(-1) for n, p in model.named_parameters()}
+    out["sketch_err"] = max(float((sums[i] - _sketch(fulls[n], 0, _seed(0, n), 8)[0]).norm() / fulls[n].norm())
+                            for i, n in enumerate(names))
+    out["sharded"] = [bool(x) for x in table[:, 6].tolist()]
+    report = g.check(0)
+    out["clean"] = report["result"]
+    out["norm_err"] = max(abs(p["norm"] / float(fulls[p["name"]].norm()) - 1) for p in report["runs"][0]["params"])
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+    if rank == 1:
+        list(model.parameters())[0].grad.to_local()[0, 0] = float("nan")  # rank 1's shard of 0.weight
+    try:
+        g.check(1)
+        out["nan"] = None
+    except GradcheckFinding as e:
+        out["nan"] = (e.ranks, [f["kind"] for f in e.report["runs"][0]["findings"] if f["counts"]])
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_shards_should_combine_to_the_whole_and_locate_a_nan():
+    if not hasattr(torch.distributed, "tensor") and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
+        pytest.skip(f"FSDP2 needs torch >= 2.4 (this is {torch.__version__}): the torch2 tier runs it")
+    outdir = tempfile.mkdtemp(prefix="guard-fsdp2-")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_fsdp2_rank, args=(r, outdir, port)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    with open(os.path.join(outdir, "rank0.json")) as f:
+        r = json.load(f)
+    assert all(r["sharded"]) and r["clean"] == "pass", r
+    assert r["sketch_err"] < 1e-5 and r["norm_err"] < 1e-5, r
+    assert r["nan"] == [[1], ["nonfinite"]], r  # (ranks named, finding kinds), through JSON
