@@ -99,6 +99,7 @@ typedef struct {
 typedef struct {
     const char *probe;
     int mode, world, steps;
+    int finalize;                     // run: a tensor-parallel probe, whose mode reduced its replicated parameters' gradients
     double lr, tol;
     int tol_given;                    // check --tol: every tensor's tolerance is tol
     int nref;                         // check: references given (0, 1 or 2)

@@ -117,3 +117,30 @@ void gcd_gather_backward(gcd_ctx *c, gcd_node *nd) {
     double *dx = gcd_grad_buf(c, x);
     for (size_t i = 0; i < n; i++) dx[i] += g[i];
 }
+
+// ----------------------------------------------------------------------------
+// reduce_scatter: the sequence-parallel counterpart of the row-parallel all_reduce
+
+static void reduce_scatter_backward(gcd_ctx *c, gcd_node *nd) {
+    gcd_comm *comm = nd->comm;
+    size_t n = nd->out->n;
+    double *every = pack(c, nd->out->grad, 1, n), *all = gcd_arena_alloc(c->arena, (size_t)comm->world * (n + 1) * sizeof(double));
+    comm->all_gather(comm, every, all, n + 1);   // every rank's (n values, present)
+    int any = 0;
+    for (int k = 0; k < comm->world; k++) any |= all[(size_t)k * (n + 1) + n] != 0;
+    if (!any) return;   // no rank reached the result: the input keeps None
+    double *dx = gcd_grad_buf(c, nd->in[0]);
+    for (int k = 0; k < comm->world; k++)
+        for (size_t i = 0; i < n; i++) dx[(size_t)k * n + i] += all[(size_t)k * (n + 1) + i];
+}
+
+gcd_tensor *gcd_reduce_scatter(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x) {
+    int W = comm->world;
+    if (x->ndim != 2 || x->shape[0] % W) GCD_FATAL("reduce_scatter: x is not (world*m, C) with world %d", W);
+    gcd_tensor *out = gcd_tensor_empty(c, 2, (int[]){ x->shape[0] / W, x->shape[1] });
+    comm->reduce_scatter(comm, x->data, out->data, out->n);
+    gcd_node *nd = gcd_record(c, GCD_OP_REDUCE_SCATTER, out, 1, &x);
+    nd->backward = reduce_scatter_backward;
+    nd->comm = comm;
+    return out;
+}

@@ -26,3 +26,6 @@ gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather
 // own autograd node
 void gcd_all_gather_many(gcd_ctx *c, gcd_comm *comm, int k, gcd_tensor *const *x, const gcd_gather_mode *mode, gcd_tensor **out);
 void gcd_gather_backward(gcd_ctx *c, gcd_node *nd);
+// Megatron's reduce_scatter_to_sequence_parallel_region: x (world*m, C) on every rank -> (m, C), this
+// rank's rows of the sum over ranks; backward all_gathers the gradient (None where no rank has one)
+gcd_tensor *gcd_reduce_scatter(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x);

@@ -167,6 +167,10 @@ static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, gcd_va
     put(o, "moved_any", cJSON_CreateBool(p->moved_any));
     put(o, "path", path(res, p));
     put(o, "breaks_at", p->breaks_at >= 0 && p->breaks_at < p->path.n ? cJSON_CreateNumber(p->breaks_at) : cJSON_CreateNull());
+    if (p->differs) {   // a tensor-parallel probe's replicated parameter: its copies against the first rank's
+        put(o, "max_rank_diff", num(p->max_diff));
+        put(o, "rank_diff_rel", num(p->diff_rel));
+    }
     if (values == GCD_VALUES_NONE) return o;
     cJSON *local = put(o, "local", cJSON_CreateArray());
     for (int k = 0; k < res->world; k++)
