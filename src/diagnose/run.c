@@ -266,6 +266,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         memcpy(p->shape, P.t[i]->shape, sizeof P.t[i]->shape);
         p->n = P.t[i]->n;
         p->init = copy(P.t[i]->data, p->n);
+        p->tp_split = (pr->sharded >> i) & 1 ? 1 : (pr->replicated >> i) & 1 ? 2 : 0;
         if (root) {
             p->local = gcd_malloc((size_t)W * p->n * sizeof(double));
             p->has = gcd_malloc((size_t)W);

@@ -25,6 +25,18 @@ const char *gcd_gather_mode_library(int mode, int local_loss) {
     return mode >= 0 && mode < GCD_GATHER_COUNT && mode_library[mode][local_loss != 0] ? mode_library[mode][local_loss != 0] : "?";
 }
 
+// Megatron-LM (core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads) sums the gradients
+// of the parameters marked sequence_parallel over the tensor-parallel group
+static const char *const finalize_library[] = {
+    [GCD_GATHER_OFF] = "no all-reduce of the sequence-parallel norm's gradient across the tensor-parallel group (Megatron-LM #1446, gpt-neox #1257)",
+    [GCD_GATHER_ON] = "Megatron-LM finalize_model_grads: all_reduce SUM of the sequence-parallel parameters' gradients over the tensor-parallel group",
+    [GCD_GATHER_LOCAL] = "each rank keeps its own sequence shard's share of the norm's gradient (the same numbers as off)",
+    [GCD_GATHER_AVG] = "all_reduce AVG of the sequence-parallel norm's gradient over the tensor-parallel group, where the sum is right",
+};
+_Static_assert(sizeof finalize_library / sizeof *finalize_library == GCD_GATHER_COUNT, "finalize_library: one row per mode");
+
+const char *gcd_finalize_mode_library(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? finalize_library[mode] : "?"; }
+
 int gcd_gather_mode_parse(const char *s) {
     for (int m = 0; m < GCD_GATHER_COUNT; m++)
         if (!strcmp(s, mode_names[m])) return m;

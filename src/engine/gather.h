@@ -17,6 +17,8 @@ typedef enum { GCD_GATHER_OFF, GCD_GATHER_ON, GCD_GATHER_LOCAL, GCD_GATHER_AVG, 
 
 const char *gcd_gather_mode_name(int mode);      // "off", "on", "local", "avg"
 const char *gcd_gather_mode_library(int mode, int local_loss);   // whose real code it is, in words
+// the same for a tensor-parallel probe, where the mode is the replicated parameters' reduction across the group
+const char *gcd_finalize_mode_library(int mode);
 int gcd_gather_mode_parse(const char *s);        // -1 when unknown
 
 // Every rank passes the same shapes, as MPI and NCCL need the same counts on every rank (gcd_run's ranks
