@@ -27,6 +27,8 @@ typedef struct {
     gcd_tensor *t[GCD_MAX_PARAMS];
 } gcd_params;
 
+struct gcd_comm;
+
 typedef struct gcd_probe {
     const char *name;
     int nfeat;                               // tensors each rank gathers
@@ -42,9 +44,18 @@ typedef struct gcd_probe {
     // 1 when loss_r differs between ranks (it uses own or rank); NULL: every rank's loss is the same
     // function of the gathered features, and the reference computes it once
     int (*loss_per_rank)(const gcd_probe_cfg *cfg);
+    // A tensor-parallel probe (split set; no encode, loss or gathered features): the ranks are one
+    // tensor-parallel group running one model split across them, every rank's loss is the same whole
+    // objective, and the run's mode is how the replicated parameters' gradients are reduced across the
+    // group after backward (run.c: off and local leave each rank's own share, on sums, avg averages).
+    unsigned sharded;      // bit i: each rank uses a piece of parameter i (its gradient is zero elsewhere): the whole is their sum
+    unsigned replicated;   // bit i: every rank uses parameter i whole: its copies must agree after the reduction
+    gcd_tensor *(*split)(gcd_ctx *c, struct gcd_comm *comm, const gcd_params *p, const gcd_probe_cfg *cfg, gcd_tensor **in);
+    // the same model unsplit in one process; in: (world, GCD_MAX_INPUTS) every rank's inputs
+    gcd_tensor *(*whole)(gcd_ctx *c, const gcd_params *p, const gcd_probe_cfg *cfg, int world, gcd_tensor **in);
 } gcd_probe;
 
-extern const gcd_probe gcd_probe_simplenet, gcd_probe_contrastive;
+extern const gcd_probe gcd_probe_simplenet, gcd_probe_contrastive, gcd_probe_tp;
 extern const gcd_probe *const gcd_probes[];   // NULL-terminated
 const gcd_probe *gcd_probe_find(const char *name);
 

@@ -2,7 +2,7 @@
 
 #include "probes/probe.h"
 
-const gcd_probe *const gcd_probes[] = { &gcd_probe_simplenet, &gcd_probe_contrastive, NULL };
+const gcd_probe *const gcd_probes[] = { &gcd_probe_simplenet, &gcd_probe_contrastive, &gcd_probe_tp, NULL };
 
 const gcd_probe *gcd_probe_find(const char *name) {
     for (int i = 0; gcd_probes[i]; i++)

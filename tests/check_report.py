@@ -99,9 +99,17 @@ def cross_entropy(z, labels):
     return np.mean(lse - z[np.arange(len(labels)), labels])
 
 
+def layer_norm(v, w, b):
+    m, var = v.mean(axis=1, keepdims=True), v.var(axis=1, keepdims=True)
+    return (v - m) / np.sqrt(var + 1e-5) * w + b
+
+
 def objective(run, P, inputs):
     """mean over ranks of each rank's loss, every rank's inputs in one process"""
     W = run["world"]
+    if run["probe"] == "tp":  # the block unsplit on the whole sequence; every rank's loss is this one
+        h = layer_norm(np.vstack([inputs[k]["x"] for k in range(W)]), P["norm.weight"], P["norm.bias"])
+        return np.mean((relu(h @ P["fc1.weight"].T + P["fc1.bias"]) @ P["fc2.weight"].T) ** 2)
     if run["probe"] == "simplenet":
         x = np.concatenate([relu(inputs[k]["input1"] @ P["fc1.weight"].T + P["fc1.bias"]).ravel() for k in range(W)])
         y = np.concatenate([relu(inputs[k]["input2"] @ P["fc2.weight"].T + P["fc2.bias"]).ravel() for k in range(W)])
@@ -166,7 +174,11 @@ def check_table(report, text):
         at = lines.index(t)
         modes = [c.split()[0] for c in lines[at + 1].split(" | ")[1:]]
         col = modes.index(run["mode"])
-        rows = {ln.split()[0]: ln.split(" | ")[1:] for ln in lines[at + 3:] if ln.startswith("  ") and " | " in ln and not ln.startswith("  |g|")}
+        end = next((i for i in range(at + 3, len(lines)) if not lines[i].startswith("  ") or lines[i].startswith("  |g|")), len(lines))
+        rows = {}  # this table's rows only: another table (a later probe's, the steps') may name the same parameters
+        for ln in lines[at + 3:end]:
+            if " | " in ln:
+                rows.setdefault(ln.split()[0], ln.split(" | ")[1:])
         for p in run["params"]:
             cell = rows[p["name"]][col].split()
             norm = "-" if p["norm"] is None else f"{num(p['norm']):.3e}"
@@ -191,7 +203,9 @@ def main():
                     fail(f"{p['name']}: elided reduced norm {p['reduced']['norm']} != norm {p['norm']}")
                 continue
             local = np.array([[num(v) for v in l] if l is not None else [0.0] * len(p["reduced"]) for l in p["local"]])
-            mean, red = local.mean(axis=0), np.array([num(v) for v in p["reduced"]])
+            # a tensor-parallel probe's sharded parameter: disjoint pieces, whose sum is the whole
+            mean = local.sum(axis=0) if p.get("tensor_parallel") == "sharded" else local.mean(axis=0)
+            red = np.array([num(v) for v in p["reduced"]])
             if np.abs(mean - red).max() > 1e-14 * max(1e-300, np.abs(local).max()):  # summation order only
                 fail(f"{run['probe']} {run['mode']} {p['name']}: reduced {red} != mean of local {mean}")
             if abs(np.linalg.norm(red) - num(p["norm"])) > 1e-14 * np.linalg.norm(red):

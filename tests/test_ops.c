@@ -39,6 +39,10 @@ static gcd_tensor *f_normalize(gcd_ctx *c, gcd_tensor **in) { return gcd_normali
 static gcd_tensor *f_exp(gcd_ctx *c, gcd_tensor **in) { return gcd_exp(c, in[0]); }
 static gcd_tensor *f_cross_entropy(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy(c, in[0], labels); }
 static gcd_tensor *f_cross_entropy_cols(gcd_ctx *c, gcd_tensor **in) { return gcd_cross_entropy_cols(c, in[0], labels); }
+static gcd_tensor *f_layernorm(gcd_ctx *c, gcd_tensor **in) { return gcd_layernorm(c, in[0], in[1], in[2]); }
+static gcd_tensor *f_narrow_rows(gcd_ctx *c, gcd_tensor **in) { return gcd_narrow(c, in[0], 0, 1, 2); }
+static gcd_tensor *f_narrow_cols(gcd_ctx *c, gcd_tensor **in) { return gcd_narrow(c, in[0], 1, 2, 3); }
+static gcd_tensor *f_narrow_1d(gcd_ctx *c, gcd_tensor **in) { return gcd_narrow(c, in[0], 0, 3, 2); }
 
 typedef struct {
     const char *name;
@@ -66,6 +70,10 @@ static const op_case cases[] = {
     { "cross_entropy_cols", f_cross_entropy_cols, 1, { 2 }, { { 5, 4 } }, 1e-6, 1e-8, 0 },
     { "linear_odd", f_linear, 3, { 2, 2, 1 }, { { 7, 3 }, { 5, 3 }, { 5 } }, 1e-6, 1e-8, 0 },
     { "matmul_nt_odd", f_matmul_nt, 2, { 2, 2 }, { { 7, 3 }, { 1, 3 } }, 1e-6, 1e-8, 0 },
+    { "layer_norm", f_layernorm, 3, { 2, 1, 1 }, { { 4, 6 }, { 6 }, { 6 } }, 1e-6, 1e-7, 0 },
+    { "narrow_rows", f_narrow_rows, 1, { 2 }, { { 4, 3 } }, 1e-6, 1e-8, 0 },
+    { "narrow_cols", f_narrow_cols, 1, { 2 }, { { 3, 6 } }, 1e-6, 1e-8, 0 },
+    { "narrow_1d", f_narrow_1d, 1, { 1 }, { { 6 } }, 1e-6, 1e-8, 0 },
 };
 
 // sum(w * f(x)) without a graph

@@ -1,5 +1,5 @@
-// Both probes, every gather mode, seed and random inputs, global and local loss, under mpirun at
-// worlds 1-4, all in one launch. The statuses must be what the issues say the conventions do, the
+// Every probe, every gather mode, seed and random inputs, global and local loss, under mpirun at
+// worlds 1-4, all in one launch (tp: the sequence-parallel block, every reduction of its norm). The statuses must be what the issues say the conventions do, the
 // "on" mode must equal the single-process reference, and the reference itself must equal central
 // differences of the objective it claims to differentiate. Every parameter's path says where its
 // gradient breaks, and a test probe whose parameter only even ranks use is partial, "not used" on the rest.
@@ -23,6 +23,13 @@ static double objective(const gcd_run_opts *o, int W, gcd_params *P) {
     gcd_ctx c = gcd_ctx_make(&a);
     gcd_set_grad_enabled(&c, 0);
     gcd_tensor *in[GCD_MAX_INPUTS], *feat[16][GCD_MAX_FEATS], *all[GCD_MAX_FEATS], *col[16], *loss[16];
+    if (pr->whole) {   // tensor parallel: the block unsplit, on every rank's inputs
+        gcd_tensor *every[16 * GCD_MAX_INPUTS];
+        for (int k = 0; k < W; k++) pr->inputs(&c, &o->cfg, k, every + k * GCD_MAX_INPUTS);
+        double v = pr->whole(&c, P, &o->cfg, W, every)->data[0];
+        gcd_arena_free(&a);
+        return v;
+    }
     for (int k = 0; k < W; k++) pr->inputs(&c, &o->cfg, k, in), pr->encode(&c, P, in, feat[k]);
     for (int f = 0; f < pr->nfeat; f++) {
         for (int k = 0; k < W; k++) col[k] = feat[k][f];
@@ -272,13 +279,71 @@ static void reused_arena_should_change_nothing(gcd_comm *comm, const gcd_run_opt
     gcd_run_result_free(&again);
 }
 
+// ----------------------------------------------------------------------------
+// tp: the sequence-parallel block split over the ranks. on (the norm's gradient summed over the
+// group) equals the unsplit block; off and local leave each rank its own share, named as copies that
+// differ; avg is x1/world. Each rank's gradient of a sharded weight lies in its torch.chunk piece.
+
+static void tp_piece_should_be_the_chunk(const gcd_param_result *p, int dim, int W) {
+    int rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1, F = p->shape[dim], per = (F + W - 1) / W;
+    for (int k = 0; k < W; k++) {
+        const double *g = p->local + (size_t)k * p->n;
+        int inside = 0, outside = 0;
+        for (int r = 0; r < rows; r++)
+            for (int col = 0; col < cols; col++) {
+                int at = dim == 0 ? r : col, mine = at >= k * per && at < (k + 1) * per;
+                double v = g[(size_t)r * cols + col];
+                inside += mine && v != 0, outside += !mine && v != 0;
+            }
+        CHECK(inside > 0 && outside == 0, "tp world %d: %s rank %d: %d nonzero values inside its piece, %d outside", W, p->name, k, inside, outside);
+    }
+}
+
+static void tp_should_agree_when_the_norm_is_reduced(gcd_comm *comm, gcd_arena *shared) {
+    int W = comm->world;
+    for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) {
+        gcd_run_opts o = { .probe = &gcd_probe_tp, .mode = mode, .lr = 0.1, .cfg = { .seed = 11, .batch = 3, .dim_img = 5 } };
+        gcd_run_result res;
+        gcd_run(comm, &o, &res);
+        inputs_should_be_rebuildable(comm, &o, &res);
+        reused_arena_should_change_nothing(comm, &o, &res, shared);
+        if (comm->rank == 0) {
+            const char *m = gcd_gather_mode_name(mode);
+            int own_share = W > 1 && (mode == GCD_GATHER_OFF || mode == GCD_GATHER_LOCAL), avg = W > 1 && mode == GCD_GATHER_AVG;
+            for (int i = 0; i < res.nparam; i++) {
+                const gcd_param_result *p = &res.param[i];
+                int norm = !strncmp(p->name, "norm.", 5);
+                gcd_status want = norm && own_share ? GCD_ST_DISAGREE : norm && avg ? GCD_ST_SCALED : GCD_ST_OK;
+                CHECK(p->status == want && p->nhave == W, "tp world %d mode %s: %s is %s on %d ranks, expected %s (rel err %.3g, scale %.6g)", W, m,
+                      p->name, gcd_status_str(p->status), p->nhave, gcd_status_str(want), p->rel_err, p->scale);
+                if (want == GCD_ST_OK) CHECK(p->rel_err < 1e-12, "tp world %d mode %s: %s rel err %.3g", W, m, p->name, p->rel_err);
+                if (norm && (own_share || avg)) CHECK(fabs(p->scale * W - 1) < 1e-9, "tp mode %s: %s's copies average %.17g x the reference, not 1/%d", m, p->name, p->scale, W);
+                if (norm && own_share) CHECK(p->diff_rel > 0.1, "tp world %d mode %s: %s's copies differ by only %.3g", W, m, p->name, p->diff_rel);
+                if (norm && !own_share) CHECK(p->diff_rel == 0, "tp world %d mode %s: %s's reduced copies differ by %.3g", W, m, p->name, p->diff_rel);
+                if (!strcmp(p->name, "fc1.weight") || !strcmp(p->name, "fc1.bias")) tp_piece_should_be_the_chunk(p, 0, W);
+                if (!strcmp(p->name, "fc2.weight")) tp_piece_should_be_the_chunk(p, 1, W);
+                CHECK(p->path.n >= 2 && !strcmp(gcd_path_op(&p->path.node[p->path.n - 1]), "mse_loss"), "tp mode %s: %s's path does not reach the loss", m, p->name);
+            }
+            CHECK(gcd_run_has_finding(&res) == (own_share || avg), "tp world %d mode %s: has_finding %d", W, m, gcd_run_has_finding(&res));
+            if (own_share) CHECK(has_finding(&res, "disagree", "norm.weight and norm.bias hold different gradients on different ranks"),
+                                 "tp world %d mode %s: the finding must name the norm", W, m);
+            if (avg) CHECK(has_finding(&res, "scaled", "norm.weight and norm.bias gradients are the reference x"), "tp world %d avg: the finding must name the norm", W);
+            gcd_sb why = { 0 };
+            CHECK(gcd_signature_met(&res, o.probe->before_gather, &why), "tp mode %s world %d: signature not met: %s", m, W, why.s ? why.s : "");
+            gcd_sb_free(&why);
+            if (mode == GCD_GATHER_ON) reference_should_match_central_differences(&o, &res);
+        }
+        gcd_run_result_free(&res);
+    }
+}
+
 int main(int argc, char **argv) {
     gcd_mpi_init(&argc, &argv);
     gcd_comm *comm = gcd_comm_mpi();
     int nruns = 0;
     gcd_arena shared = { 0 };
     for (int pi = 0; gcd_probes[pi]; pi++)
-        for (int variant = 0; variant < 2; variant++)   // simplenet: seed/random inputs; contrastive: global/local loss
+        for (int variant = 0; variant < 2 && !gcd_probes[pi]->split; variant++)   // simplenet: seed/random inputs; contrastive: global/local loss
             for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) {
                 gcd_run_opts o = { .probe = gcd_probes[pi], .mode = mode, .lr = 0.1,
                                    .cfg = { .seed = 7, .batch = 3, .dim_img = 5, .dim_txt = 4, .dim_emb = 3 } };
@@ -300,6 +365,8 @@ int main(int argc, char **argv) {
                 gcd_run_result_free(&res);
                 nruns++;
             }
+    tp_should_agree_when_the_norm_is_reduced(comm, &shared);
+    nruns += GCD_GATHER_COUNT;
     gcd_arena_free(&shared);
     for (int mode = 0; mode < GCD_GATHER_COUNT; mode++) steps_should_show_learning_stopped(comm, mode);
     unused_on_some_ranks_should_be_partial(comm);

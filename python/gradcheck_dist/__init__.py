@@ -8,6 +8,8 @@
     all_gather_with_grad(x)            a gather whose backward carries gradients, current on every torch
     guard(model, every=N)              a check inside training every N steps (the C classifier, in-process);
     GradcheckGuard(every_n_steps=N)    the same as a Lightning Callback (docs/guard.md)
+    tp_layout(model, {name: Shard(d) | "replicate"}, group=tp_group)   a hand-written tensor-parallel model's
+                                       splits, for dump_grads (None: megatron-core's parameter attributes)
     track(model)                       records what model's forward does (autocast precision, which modules ran,
                                        dropout, plain BatchNorm) for the dumps; track_precision: its old name
 """
@@ -16,12 +18,14 @@ import os
 from .dump import DumpPathError, LocalGradCapture, clean_name, dump_grads, read_dump, track, track_precision, write_dump
 from .gather import all_gather_with_grad
 from .guard import Guard, GradcheckFinding, guard
+from .layout import Shard, tp_layout
 
 with open(os.path.join(os.path.dirname(__file__), "VERSION")) as _f:   # the one version: CMake reads it too
     __version__ = _f.read().strip()
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
            "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
-           "all_gather_with_grad", "clean_name", "guard", "Guard", "GradcheckFinding", "GradcheckGuard"]
+           "all_gather_with_grad", "clean_name", "guard", "Guard", "GradcheckFinding", "GradcheckGuard",
+           "tp_layout", "Shard"]
 
 
 def snippet():

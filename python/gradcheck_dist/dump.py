@@ -6,7 +6,9 @@ components such as DDP's leading `module.`, FSDP's `_fsdp_wrapped_module.`, chec
 None is absent, and `gradcheck.params` in the metadata lists every trainable name so the checker knows it
 is absent rather than forgotten. `gradcheck.precision` records the precision the step computed in.
 Sharded parameters (FSDP2 DTensor gradients, FSDP1 flat parameters) are written as each rank's own
-contiguous run of the original parameter, placed by `gradcheck.shards` (docs/dumps.md).
+contiguous run of the original parameter, placed by `gradcheck.shards` (docs/dumps.md); pieces on a device
+mesh (DTensor placements, tp_layout's declarations) as a box of the parameter with their placements, and the
+mesh with this rank's coordinates in `gradcheck.mesh` (layout.py).
 
 The writer streams: the header first, then each tensor's bytes straight from its memory (a CPU copy of
 one tensor at a time only where it must convert or leave a GPU), into a temporary file in the same
@@ -313,8 +315,16 @@ def _fsdp1_modules(root):
 
 def collect(model):
     """([(name, grad or None, shard or None)] of the trainable parameters, in order) -- original names."""
+    return _collect(model)[0]
+
+
+def _collect(model):
+    """collect()'s entries and the mesh record (gradcheck.mesh) of the DTensor gradients or tp_layout, or None.
+    Collective over the tensor-parallel group when tp_layout was called."""
+    from . import layout
+
     root = unwrap(model)
-    entries, flat_ids, orig_ids = [], set(), set()
+    entries, flat_ids, orig_ids, mesh = [], set(), set(), None
     for prefix, handle, fp in _fsdp1_modules(root):
         flat_ids.add(id(fp))
         infos = getattr(fp, "_shard_param_infos", None)
@@ -352,10 +362,23 @@ def collect(model):
             if g is None:
                 entries.append((clean_name(n), None, None))
                 continue
-            local, shard = _dtensor_run(n, g)
+            root_mesh = layout.mesh_record(layout._root(g.device_mesh), n)
+            if mesh is not None and mesh != root_mesh:
+                raise ValueError(f"{n}: its gradient lives on another device mesh ({root_mesh['shape']}, {root_mesh['names']}) "
+                                 f"than the others ({mesh['shape']}, {mesh['names']}): one dump records one mesh")
+            mesh = root_mesh
+            if layout.flat_ok(g):   # FSDP2, HSDP: the flat run every reader of format 1 reads
+                local, shard = _dtensor_run(n, g)
+            else:
+                local, shard, _ = layout.dtensor_piece(n, g)
             entries.append((clean_name(n), local, shard))
         else:
             entries.append((clean_name(n), g, None))
+    entries, tp_mesh = layout.tp_pieces(model, entries)
+    if tp_mesh is not None and mesh is not None:
+        raise ValueError("tp_layout was declared on a model whose gradients are DTensors (which carry their own "
+                         "placements): declare plain-parameter models only")
+    mesh = mesh or tp_mesh
     import torch
 
     out, seen = [], {}
@@ -366,7 +389,7 @@ def collect(model):
         if isinstance(g, str):  # this rank's run of it is empty
             g = torch.empty(0, dtype=_flat_dtype(root))
         out.append((name, g, shard))
-    return out
+    return out, mesh
 
 
 def _flat_dtype(root):
@@ -612,12 +635,13 @@ def _use_safetensors(writer):
 
 
 def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
-               precision=None, shards=None, model=None):
+               precision=None, shards=None, model=None, mesh=None):
     """Writes `grads` ({name: tensor or None}) for the trainable names `params`; atomic (temp + rename).
 
     precision: the precision the step computed in (PRECISIONS, a torch dtype or a Lightning string); None:
     inferred (infer_precision). shards: {name: {"shape": [...], "start": n}} for tensors that are one rank's
-    run of a larger parameter. writer: None/"stream" (streams each tensor into the file) or "safetensors"
+    run of a larger parameter, or {name: {"shape", "placements", "offsets", "lengths"}} for a piece on a mesh,
+    which needs mesh: {"shape", "names", "coords", "ranks"} (docs/dumps.md). writer: None/"stream" (streams each tensor into the file) or "safetensors"
     (safetensors.torch.save_file, which copies every tensor first). Returns the path written.
     """
     if stage not in ("local", "reduced"):
@@ -636,8 +660,18 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
             "gradcheck.stage": stage, "gradcheck.params": json.dumps(list(params)), "gradcheck.precision": prec}
     meta.update(_tracker_metadata(model, params))
     shards = {n: s for n, s in (shards or {}).items() if n in tensors}
+    from .layout import check_entry
+
+    for n, s in shards.items():
+        check_entry(n, s)
+        if "start" not in s and mesh is None:
+            raise ValueError(f"{n}: a piece placed on a mesh, but no mesh was given (mesh=)")
+        if "start" not in s and len(s["placements"]) != len(mesh["shape"]):
+            raise ValueError(f"{n}: {len(s['placements'])} placements on a {len(mesh['shape'])}-D mesh")
     if shards:
         meta["gradcheck.shards"] = json.dumps(shards, separators=(",", ":"))
+    if mesh is not None:
+        meta["gradcheck.mesh"] = json.dumps(mesh, separators=(",", ":"))
     meta.update(_versions())
     meta.update({str(k): str(v) for k, v in (extra_metadata or {}).items()})
     if _use_safetensors(writer):
@@ -662,13 +696,16 @@ def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metada
     dtype casts the gradients before writing (e.g. torch.bfloat16). precision: what the step computed in
     ("fp64", "fp32", "tf32", "bf16", "fp16", a torch dtype, or Lightning's "bf16-mixed"...); None infers it
     (autocast seen by track_precision or active now, else the gradients' dtypes). Sharded models (FSDP2
-    fully_shard, FSDP1) write each rank's own shard of every original parameter, no gather.
+    fully_shard, FSDP1) write each rank's own shard of every original parameter, no gather; DTensor gradients
+    with any placements (tensor and sequence parallel, FSDP2 over TP) write each rank's piece and where it sits,
+    and so do plain parameters declared with tp_layout (docs/dumps.md). With tp_layout every rank of the
+    tensor-parallel group must call it (it exchanges the pieces' lengths).
     """
-    entries = collect(model)
+    entries, mesh = _collect(model)
     grads = {n: g for n, g, _ in entries}
     shards = {n: s for n, _, s in entries if s is not None}
     return write_dump(path, grads, [n for n, _, _ in entries], stage, rank, world, extra_metadata, dtype, writer,
-                      precision=precision, shards=shards, model=model)
+                      precision=precision, shards=shards, model=model, mesh=mesh)
 
 
 class LocalGradCapture:

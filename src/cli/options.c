@@ -22,7 +22,7 @@
 
 const gcd_option gcd_options[] = {
     { OPT_WORLD, "--world", CMD_RUN, "N", NULL, "ranks to launch (default 2); inside mpirun it must equal the job's size" },
-    { OPT_PROBE, "--probe", CMD_RUN, "NAME|all", "simplenet,contrastive,all", "simplenet, contrastive or all (default all)" },
+    { OPT_PROBE, "--probe", CMD_RUN, "NAME|all", "simplenet,contrastive,tp,all", "simplenet, contrastive, tp or all (default all)" },
     { OPT_MODE, "--mode", CMD_RUN, "LIST|all", "off,on,local,avg,all",
       "gather modes under test, comma-separated: off,on,local,avg. Without it every\n"
       "mode runs: on is under test, the others are controls, each of which must show\n"

@@ -172,10 +172,10 @@ static int expect(cJSON *doc, const gcd_run_result *res, const gcd_probe *pr, in
         gcd_sb_printf(&msg, "%s", met ? "no finding" : first);
     } else {
         met = gcd_signature_met(res, pr->before_gather, &why);
-        gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world);
+        gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world, res->finalize);
         if (!met) gcd_sb_printf(&msg, "did not show its known defect at world %d: %s", res->world, why.s);
         else if (gcd_run_has_finding(res))
-            gcd_sb_printf(&msg, "shows exactly its known defect: %s%s before the gather, %s after", gcd_status_str(sig.before),
+            gcd_sb_printf(&msg, res->finalize ? "shows exactly its known defect: %s%s on the replicated parameters, %s on the rest" : "shows exactly its known defect: %s%s before the gather, %s after", gcd_status_str(sig.before),
                           sig.before == GCD_ST_SCALED ? " x1/world" : "", gcd_status_str(sig.after));
         else gcd_sb_printf(&msg, "clean at world %d, as it must be (1/world = 1)", res->world);
     }

@@ -24,7 +24,20 @@ static const struct {
     { GCD_GATHER_AVG, 1, GCD_ST_OK, GCD_ST_MISMATCH, GCD_ST_OK },              // averaged gathered path, full own path
 };
 
-gcd_signature gcd_expected_signature(int mode, int local_loss, int world) {
+// a tensor-parallel probe: the replicated parameters after the mode's reduction across the group (each
+// rank's own share differs from the others': disagree; averaged: 1/world of the sum), the rest
+static const struct {
+    gcd_status before_world1, before, after;
+} finalize_table[GCD_GATHER_COUNT] = {
+    [GCD_GATHER_OFF] = { GCD_ST_OK, GCD_ST_DISAGREE, GCD_ST_OK },
+    [GCD_GATHER_ON] = { GCD_ST_OK, GCD_ST_OK, GCD_ST_OK },
+    [GCD_GATHER_LOCAL] = { GCD_ST_OK, GCD_ST_DISAGREE, GCD_ST_OK },
+    [GCD_GATHER_AVG] = { GCD_ST_OK, GCD_ST_SCALED, GCD_ST_OK },
+};
+
+gcd_signature gcd_expected_signature(int mode, int local_loss, int world, int finalize) {
+    if (finalize && mode >= 0 && mode < GCD_GATHER_COUNT)
+        return (gcd_signature){ world > 1 ? finalize_table[mode].before : finalize_table[mode].before_world1, finalize_table[mode].after };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (table[i].mode == mode && table[i].local_loss == (local_loss != 0))
             return (gcd_signature){ world > 1 ? table[i].before : table[i].before_world1, table[i].after };
@@ -39,7 +52,7 @@ static void describe(gcd_sb *b, const gcd_param_result *p) {
 }
 
 int gcd_signature_met(const gcd_run_result *res, unsigned before_mask, gcd_sb *msg) {
-    gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world);
+    gcd_signature sig = gcd_expected_signature(res->mode, res->cfg.local_loss, res->world, res->finalize);
     int met = 1, told = 0;
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];

@@ -12,7 +12,8 @@ typedef struct {
     gcd_status before, after;
 } gcd_signature;
 
-gcd_signature gcd_expected_signature(int mode, int local_loss, int world);
+// finalize: a tensor-parallel probe, whose "before" parameters are the replicated ones the mode reduces
+gcd_signature gcd_expected_signature(int mode, int local_loss, int world, int finalize);
 // 1 when every parameter of res shows its signature; otherwise 0 and msg says, for the first parameters
 // that differ, what was expected and what was seen. before_mask: bit i set when param i is "before".
 int gcd_signature_met(const gcd_run_result *res, unsigned before_mask, gcd_sb *msg);

@@ -69,6 +69,7 @@ typedef struct {
     int first;                    // stage reduced: the first rank with a gradient, g's source
     double max_diff, diff_rel;    // largest |g_k - g_first| and ||g_k - g_first|| / ||g_first||
     int diff_base;                // the rank those are against: first, or (sharded, HSDP) the first holder of the differing replica's run
+    int tp_split;                 // run, a tensor-parallel probe: 1 sharded (reduced is the sum of the ranks' pieces), 2 replicated, else 0
     // run only (probes): the forward graph (run.c), and where the gradient goes wrong (blame.c)
     gcd_path *rank_path;          // (world) each rank's shortest path to its loss; n 0 where it does not use the parameter
     gcd_path *via;                // (nfeat) rank 0's path through gathered feature f; n 0 when the parameter does not feed f
@@ -99,6 +100,7 @@ typedef struct {
 typedef struct {
     const char *probe;
     int mode, world, steps;
+    int finalize;                     // run: a tensor-parallel probe, whose mode reduced its replicated parameters' gradients
     double lr, tol;
     int tol_given;                    // check --tol: every tensor's tolerance is tol
     int nref;                         // check: references given (0, 1 or 2)

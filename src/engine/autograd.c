@@ -6,7 +6,8 @@ static const char *const op_names[] = {
     [GCD_OP_CONCAT] = "concat",       [GCD_OP_MUL] = "mul",             [GCD_OP_MEAN] = "mean",
     [GCD_OP_MSE] = "mse_loss",        [GCD_OP_MATMUL_NT] = "matmul_nt", [GCD_OP_NORMALIZE] = "normalize",
     [GCD_OP_EXP] = "exp",             [GCD_OP_CROSS_ENTROPY] = "cross_entropy",
-    [GCD_OP_GATHER] = "all_gather",   [GCD_OP_DETACH] = "detach",
+    [GCD_OP_GATHER] = "all_gather",   [GCD_OP_DETACH] = "detach",       [GCD_OP_LAYERNORM] = "layer_norm",
+    [GCD_OP_NARROW] = "narrow",       [GCD_OP_REDUCE_SCATTER] = "reduce_scatter",
 };
 _Static_assert(sizeof op_names / sizeof *op_names == GCD_OP_COUNT, "op_names: one name per gcd_op");
 
@@ -37,7 +38,7 @@ void gcd_backward_from(gcd_ctx *c, gcd_tensor *out) {
         if (nd->cut) continue;   // detached: in the forward graph only
         // a collective's backward runs on every rank even where nothing reached it, or ranks would
         // wait on each other forever; gather.c keeps the input's gradient None in that case
-        if (!nd->out->grad && nd->op != GCD_OP_GATHER) continue;
+        if (!nd->out->grad && nd->op != GCD_OP_GATHER && nd->op != GCD_OP_REDUCE_SCATTER) continue;
         if (!nd->backward) GCD_FATAL("backward: no rule for op %s", gcd_op_name(nd->op));
         nd->backward(c, nd);
     }

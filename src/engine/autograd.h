@@ -12,6 +12,7 @@ typedef enum {
     GCD_OP_LINEAR, GCD_OP_RELU, GCD_OP_VIEW, GCD_OP_CONCAT, GCD_OP_MUL, GCD_OP_MEAN, GCD_OP_MSE,
     GCD_OP_MATMUL_NT, GCD_OP_NORMALIZE, GCD_OP_EXP,
     GCD_OP_CROSS_ENTROPY, GCD_OP_GATHER, GCD_OP_DETACH,
+    GCD_OP_LAYERNORM, GCD_OP_NARROW, GCD_OP_REDUCE_SCATTER,
     GCD_OP_COUNT
 } gcd_op;
 
@@ -36,10 +37,11 @@ typedef struct gcd_node {
     gcd_tensor *out;
     gcd_tensor **in;           // (nin); an input may be NULL (linear without bias, mse against zero)
     int nin;
-    double *saved;             // op-specific: row norms, cross-entropy max and sum; gather: what its backward returned (n+1, gather.c)
+    double *saved;             // op-specific: row norms, cross-entropy max and sum, layernorm mean and 1/std; gather: what its backward returned (n+1, gather.c)
     const int *labels;         // cross-entropy targets
     struct gcd_comm *comm;     // gather: the communicator
-    int mode;                  // gather: the gradient mode; cross_entropy: 1 over columns
+    int mode;                  // gather: the gradient mode; cross_entropy: 1 over columns; narrow: the dim
+    int start;                 // narrow: the first index kept
 } gcd_node;
 
 const char *gcd_op_name(gcd_op op);

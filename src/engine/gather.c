@@ -25,6 +25,18 @@ const char *gcd_gather_mode_library(int mode, int local_loss) {
     return mode >= 0 && mode < GCD_GATHER_COUNT && mode_library[mode][local_loss != 0] ? mode_library[mode][local_loss != 0] : "?";
 }
 
+// Megatron-LM (core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads) sums the gradients
+// of the parameters marked sequence_parallel over the tensor-parallel group
+static const char *const finalize_library[] = {
+    [GCD_GATHER_OFF] = "no all-reduce of the sequence-parallel norm's gradient across the tensor-parallel group (Megatron-LM #1446, gpt-neox #1257)",
+    [GCD_GATHER_ON] = "Megatron-LM finalize_model_grads: all_reduce SUM of the sequence-parallel parameters' gradients over the tensor-parallel group",
+    [GCD_GATHER_LOCAL] = "each rank keeps its own sequence shard's share of the norm's gradient (the same numbers as off)",
+    [GCD_GATHER_AVG] = "all_reduce AVG of the sequence-parallel norm's gradient over the tensor-parallel group, where the sum is right",
+};
+_Static_assert(sizeof finalize_library / sizeof *finalize_library == GCD_GATHER_COUNT, "finalize_library: one row per mode");
+
+const char *gcd_finalize_mode_library(int mode) { return mode >= 0 && mode < GCD_GATHER_COUNT ? finalize_library[mode] : "?"; }
+
 int gcd_gather_mode_parse(const char *s) {
     for (int m = 0; m < GCD_GATHER_COUNT; m++)
         if (!strcmp(s, mode_names[m])) return m;
@@ -116,4 +128,31 @@ void gcd_gather_backward(gcd_ctx *c, gcd_node *nd) {
     if (g[n] == 0) return;   // no rank reached the gathered result: the input keeps None
     double *dx = gcd_grad_buf(c, x);
     for (size_t i = 0; i < n; i++) dx[i] += g[i];
+}
+
+// ----------------------------------------------------------------------------
+// reduce_scatter: the sequence-parallel counterpart of the row-parallel all_reduce
+
+static void reduce_scatter_backward(gcd_ctx *c, gcd_node *nd) {
+    gcd_comm *comm = nd->comm;
+    size_t n = nd->out->n;
+    double *every = pack(c, nd->out->grad, 1, n), *all = gcd_arena_alloc(c->arena, (size_t)comm->world * (n + 1) * sizeof(double));
+    comm->all_gather(comm, every, all, n + 1);   // every rank's (n values, present)
+    int any = 0;
+    for (int k = 0; k < comm->world; k++) any |= all[(size_t)k * (n + 1) + n] != 0;
+    if (!any) return;   // no rank reached the result: the input keeps None
+    double *dx = gcd_grad_buf(c, nd->in[0]);
+    for (int k = 0; k < comm->world; k++)
+        for (size_t i = 0; i < n; i++) dx[(size_t)k * n + i] += all[(size_t)k * (n + 1) + i];
+}
+
+gcd_tensor *gcd_reduce_scatter(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x) {
+    int W = comm->world;
+    if (x->ndim != 2 || x->shape[0] % W) GCD_FATAL("reduce_scatter: x is not (world*m, C) with world %d", W);
+    gcd_tensor *out = gcd_tensor_empty(c, 2, (int[]){ x->shape[0] / W, x->shape[1] });
+    comm->reduce_scatter(comm, x->data, out->data, out->n);
+    gcd_node *nd = gcd_record(c, GCD_OP_REDUCE_SCATTER, out, 1, &x);
+    nd->backward = reduce_scatter_backward;
+    nd->comm = comm;
+    return out;
 }

@@ -17,6 +17,8 @@ typedef enum { GCD_GATHER_OFF, GCD_GATHER_ON, GCD_GATHER_LOCAL, GCD_GATHER_AVG, 
 
 const char *gcd_gather_mode_name(int mode);      // "off", "on", "local", "avg"
 const char *gcd_gather_mode_library(int mode, int local_loss);   // whose real code it is, in words
+// the same for a tensor-parallel probe, where the mode is the replicated parameters' reduction across the group
+const char *gcd_finalize_mode_library(int mode);
 int gcd_gather_mode_parse(const char *s);        // -1 when unknown
 
 // Every rank passes the same shapes, as MPI and NCCL need the same counts on every rank (gcd_run's ranks
@@ -26,3 +28,6 @@ gcd_tensor *gcd_all_gather(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x, gcd_gather
 // own autograd node
 void gcd_all_gather_many(gcd_ctx *c, gcd_comm *comm, int k, gcd_tensor *const *x, const gcd_gather_mode *mode, gcd_tensor **out);
 void gcd_gather_backward(gcd_ctx *c, gcd_node *nd);
+// Megatron's reduce_scatter_to_sequence_parallel_region: x (world*m, C) on every rank -> (m, C), this
+// rank's rows of the sum over ranks; backward all_gathers the gradient (None where no rank has one)
+gcd_tensor *gcd_reduce_scatter(gcd_ctx *c, gcd_comm *comm, gcd_tensor *x);

@@ -236,6 +236,40 @@ void cross_entropy_cols_backward(double *dz, const double *dout, const double *l
 }
 
 
+void layernorm_forward(double *out, double *saved, const double *x, const double *w, const double *b, int N, int C, double eps) {
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C;
+        double m = 0, v = 0;
+        for (int i = 0; i < C; i++) m += xr[i];
+        m /= C;
+        for (int i = 0; i < C; i++) v += (xr[i] - m) * (xr[i] - m);
+        double rstd = 1.0 / sqrt(v / C + eps);
+        for (int i = 0; i < C; i++) out[(size_t)n * C + i] = (xr[i] - m) * rstd * w[i] + b[i];
+        saved[2 * n] = m, saved[2 * n + 1] = rstd;
+    }
+}
+
+// llm.c's layernorm_backward: with xhat = (x - mean) rstd and g = dout w,
+// dx = rstd (g - mean(g) - xhat mean(g xhat))
+void layernorm_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *saved,
+                        const double *w, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const double *xr = x + (size_t)n * C, *dr = dout + (size_t)n * C;
+        double m = saved[2 * n], rstd = saved[2 * n + 1], mg = 0, mgx = 0;
+        for (int i = 0; i < C; i++) {
+            double xhat = (xr[i] - m) * rstd, g = dr[i] * w[i];
+            mg += g, mgx += g * xhat;
+            if (dw) dw[i] += dr[i] * xhat;
+            if (db) db[i] += dr[i];
+        }
+        mg /= C, mgx /= C;
+        for (int i = 0; dx && i < C; i++) {
+            double xhat = (xr[i] - m) * rstd;
+            dx[(size_t)n * C + i] += rstd * (dr[i] * w[i] - mg - xhat * mgx);
+        }
+    }
+}
+
 #define CE_KEEP ((size_t)1 << 20)   // cross_entropy keeps up to this many exps (8 MiB) for its backward
 
 static size_t ce_kept(const gcd_tensor *z) { return z->n <= CE_KEEP ? z->n : 0; }   // the exps cross_entropy() keeps, after lse
@@ -355,6 +389,39 @@ gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x) {
     return out;
 }
 
+gcd_tensor *gcd_layernorm(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b) {
+    need(x->ndim == 2 && w->ndim == 1 && b->ndim == 1 && w->shape[0] == x->shape[1] && b->shape[0] == x->shape[1], "layer_norm",
+         "x (N,C) with w and b (C) do not match");
+    gcd_tensor *out = gcd_tensor_like(c, x);
+    double *saved = gcd_arena_alloc_raw(c->arena, 2 * (size_t)x->shape[0] * sizeof(double));
+    layernorm_forward(out->data, saved, x->data, w->data, b->data, x->shape[0], x->shape[1], 1e-5);
+    record(c, GCD_OP_LAYERNORM, out, 3, (gcd_tensor *[]){ x, w, b })->saved = saved;
+    return out;
+}
+
+// (outer, inner) blocks of x's row-major data that dim's [start, start + len) selects
+static void narrow_geometry(const gcd_tensor *x, int dim, size_t *outer, size_t *stride, size_t *inner) {
+    *outer = dim == 0 ? 1 : (size_t)x->shape[0];
+    *stride = dim == 0 ? x->n : (size_t)x->shape[1];
+    *inner = dim == 0 ? (x->shape[0] ? x->n / (size_t)x->shape[0] : 0) : 1;
+}
+
+gcd_tensor *gcd_narrow(gcd_ctx *c, gcd_tensor *x, int dim, int start, int len) {
+    need(x->ndim >= 1 && (dim == 0 || (dim == 1 && x->ndim == 2)), "narrow", "dim is not 0, or 1 of an (N,C) tensor");
+    need(start >= 0 && len >= 0 && start <= x->shape[dim] - len, "narrow", "[start, start + len) is out of range");
+    int shape[GCD_MAX_DIM];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[dim] = len;
+    gcd_tensor *out = gcd_tensor_empty(c, x->ndim, shape);
+    size_t outer, stride, inner;
+    narrow_geometry(x, dim, &outer, &stride, &inner);
+    for (size_t o = 0; o < outer; o++)
+        memcpy(out->data + o * len * inner, x->data + o * stride + (size_t)start * inner, (size_t)len * inner * sizeof(double));
+    gcd_node *nd = record(c, GCD_OP_NARROW, out, 1, &x);
+    nd->mode = dim, nd->start = start;
+    return out;
+}
+
 // rows: label (N), a class per row; cols: label (C), a row per column
 static gcd_tensor *cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label, int cols) {
     need(z->ndim == 2, "cross_entropy", "logits are not (N,C)");
@@ -469,6 +536,18 @@ static void op_backward(gcd_ctx *c, gcd_node *nd) {
         int N = in[0]->shape[0], C = in[0]->shape[1];
         const double *e = ce_kept(in[0]) ? nd->saved + 2 * (size_t)(nd->mode ? C : N) : NULL;   // kept by cross_entropy()
         (nd->mode ? cross_entropy_cols_backward : cross_entropy_backward)(din(c, nd, 0), dout, nd->saved, e, in[0]->data, nd->labels, N, C);
+        break;
+    }
+    case GCD_OP_LAYERNORM:
+        layernorm_backward(din(c, nd, 0), din(c, nd, 1), din(c, nd, 2), dout, in[0]->data, nd->saved, in[1]->data,
+                           in[0]->shape[0], in[0]->shape[1]);
+        break;
+    case GCD_OP_NARROW: {
+        double *dx = din(c, nd, 0);
+        size_t outer, stride, inner, len = (size_t)out->shape[nd->mode];
+        narrow_geometry(in[0], nd->mode, &outer, &stride, &inner);
+        for (size_t o = 0; o < outer; o++)
+            for (size_t i = 0; i < len * inner; i++) dx[o * stride + (size_t)nd->start * inner + i] += dout[o * len * inner + i];
         break;
     }
     default:

@@ -36,6 +36,11 @@ void cross_entropy_backward(double *dz, const double *dout, const double *lse, c
 void cross_entropy_cols_forward(double *out, double *lse, double *e, const double *z, const int *label, int N, int C);
 void cross_entropy_cols_backward(double *dz, const double *dout, const double *lse, const double *e, const double *z, const int *label, int N, int C);
 
+// rows of x (N,C) over C: out = (x - mean) / sqrt(var + eps) * w + b (torch's biased var); saved (N,2): mean, 1/std
+void layernorm_forward(double *out, double *saved, const double *x, const double *w, const double *b, int N, int C, double eps);
+void layernorm_backward(double *dx, double *dw, double *db, const double *dout, const double *x, const double *saved,
+                        const double *w, int N, int C);
+
 // ----------------------------------------------------------------------------
 // autograd ops on tensors
 
@@ -51,4 +56,7 @@ gcd_tensor *gcd_matmul_nt(gcd_ctx *c, gcd_tensor *a, gcd_tensor *b, gcd_tensor *
 gcd_tensor *gcd_normalize(gcd_ctx *c, gcd_tensor *x);   // per row, as torch.nn.functional.normalize
 gcd_tensor *gcd_exp(gcd_ctx *c, gcd_tensor *x);
 gcd_tensor *gcd_cross_entropy(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (N) -> scalar
+gcd_tensor *gcd_layernorm(gcd_ctx *c, gcd_tensor *x, gcd_tensor *w, gcd_tensor *b);   // x (N,C) w, b (C): nn.LayerNorm(C), eps 1e-5
+// x.narrow(dim, start, len): dim 0 of any tensor or dim 1 of an (N,C) one; backward puts dout back in place
+gcd_tensor *gcd_narrow(gcd_ctx *c, gcd_tensor *x, int dim, int start, int len);
 gcd_tensor *gcd_cross_entropy_cols(gcd_ctx *c, gcd_tensor *z, const int *label);   // z (N,C), label (C) -> scalar: cross_entropy(z^T)

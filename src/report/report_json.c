@@ -167,6 +167,11 @@ static cJSON *param(const gcd_run_result *res, const gcd_param_result *p, gcd_va
     put(o, "moved_any", cJSON_CreateBool(p->moved_any));
     put(o, "path", path(res, p));
     put(o, "breaks_at", p->breaks_at >= 0 && p->breaks_at < p->path.n ? cJSON_CreateNumber(p->breaks_at) : cJSON_CreateNull());
+    if (p->tp_split) put(o, "tensor_parallel", cJSON_CreateString(p->tp_split == 1 ? "sharded" : "replicated"));
+    if (p->differs) {   // a tensor-parallel probe's replicated parameter: its copies against the first rank's
+        put(o, "max_rank_diff", num(p->max_diff));
+        put(o, "rank_diff_rel", num(p->diff_rel));
+    }
     if (values == GCD_VALUES_NONE) return o;
     cJSON *local = put(o, "local", cJSON_CreateArray());
     for (int k = 0; k < res->world; k++)
@@ -224,7 +229,7 @@ void gcd_report_add_run(cJSON *doc, const gcd_run_result *res, const char *role,
     cJSON *r = push(cJSON_GetObjectItem(doc, "runs"), cJSON_CreateObject());
     put(r, "probe", cJSON_CreateString(res->probe));
     put(r, "mode", cJSON_CreateString(gcd_gather_mode_name(res->mode)));
-    put(r, "library", cJSON_CreateString(gcd_gather_mode_library(res->mode, res->cfg.local_loss)));
+    put(r, "library", cJSON_CreateString(res->finalize ? gcd_finalize_mode_library(res->mode) : gcd_gather_mode_library(res->mode, res->cfg.local_loss)));
     put(r, "role", cJSON_CreateString(role));
     put(r, "world", cJSON_CreateNumber(res->world));
     put(r, "local_loss", cJSON_CreateBool(res->cfg.local_loss));
