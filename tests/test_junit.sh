@@ -19,23 +19,23 @@ cd "$work" || exit 1
 rc=$?
 [ $rc = 0 ] || fail "run --world 2 --junit exited $rc: $(tail -5 run.txt)"
 grep -qx "junit: run.xml" run.txt || fail "run did not print the JUnit file's path"
-"$PY" "$CJ" run.xml tests=8 failures=0 errors=0 skipped=0 passed=8 || fail "run.xml: not the JUnit expected for a clean run"
+"$PY" "$CJ" run.xml tests=12 failures=0 errors=0 skipped=0 passed=12 || fail "run.xml: not the JUnit expected for a clean run"
 "$PY" - run.xml run.json <<'PY' || fail "run.xml: the controls' testcases or times are not as expected"
 import json, sys, xml.etree.ElementTree as E
 cases = E.parse(sys.argv[1]).getroot().findall(".//testcase")
 runs = json.load(open(sys.argv[2]))["runs"]
 controls = [c for c in cases if c.get("name").endswith("(control)")]
-assert len(controls) == 6, [c.get("name") for c in cases]
+assert len(controls) == 9, [c.get("name") for c in cases]
 for c in controls:
     out = c.find("system-out").text
-    assert "shows exactly its known defect" in out and ("\nnone: " in out or "\nscaled: " in out), out
+    assert "shows exactly its known defect" in out and ("\nnone: " in out or "\nscaled: " in out or "\ndisagree: " in out), out
 assert all(r["seconds"] > 0 for r in runs), [r["seconds"] for r in runs]
 assert [float(c.get("time")) for c in cases] == [round(r["seconds"], 6) for r in runs], "testcase times are not the runs' seconds"
 PY
 "$G" report run.json --format junit | cmp -s - run.xml || fail "run --junit differs from report --format junit of its JSON"
 # an older report without per-run seconds still renders valid JUnit (times 0)
 "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [r.pop("seconds") for r in d["runs"]]; json.dump(d,open(sys.argv[2],"w"))' run.json old.json
-"$G" report old.json --format junit >old.xml && "$PY" "$CJ" old.xml tests=8 passed=8 || fail "a report without seconds: bad JUnit"
+"$G" report old.json --format junit >old.xml && "$PY" "$CJ" old.xml tests=12 passed=12 || fail "a report without seconds: bad JUnit"
 
 # ---- a control that did not show its signature is a failure, on that control's testcase
 "$PY" - run.json nosig.json <<'PY'
@@ -47,7 +47,7 @@ d["result"], d["exit_code"] = "fail", 1
 json.dump(d, open(sys.argv[2], "w"))
 PY
 "$G" report nosig.json --format junit >nosig.xml || fail "report --format junit of nosig.json failed"
-"$PY" "$CJ" nosig.xml tests=8 failures=1 errors=0 passed=7 || fail "nosig.xml: a control without its signature must be the one failure"
+"$PY" "$CJ" nosig.xml tests=12 failures=1 errors=0 passed=11 || fail "nosig.xml: a control without its signature must be the one failure"
 "$PY" -c '
 import sys, xml.etree.ElementTree as E
 c = [c for c in E.parse(sys.argv[1]).getroot().iter("testcase") if c.find("failure") is not None]
@@ -59,12 +59,13 @@ assert "did not show its known defect" in c[0].find("failure").get("message")' n
 rc=$?
 [ $rc = 1 ] || fail "--mode off,on --no-json --junit exited $rc, expected 1"
 [ ! -e reports ] || fail "--no-json --junit wrote a JSON report: $(ls reports)"
-"$PY" "$CJ" off.xml tests=4 failures=2 errors=0 passed=2 || fail "off.xml: mode off must fail in both probes"
+"$PY" "$CJ" off.xml tests=6 failures=3 errors=0 passed=3 || fail "off.xml: mode off must fail in every probe"
 "$PY" -c '
 import sys, xml.etree.ElementTree as E
 f = [(c.get("classname"), c.get("name"), c.find("failure").text) for c in E.parse(sys.argv[1]).getroot().iter("testcase") if c.find("failure") is not None]
-assert [x[:2] for x in f] == [("gradcheck-dist.simplenet", "mode off (test)"), ("gradcheck-dist.contrastive", "mode off (test)")], f
-assert "fc1.weight and fc1.bias receive no gradient" in f[0][2] and "logit_scale" in f[1][2], f' off.xml || fail "off.xml: the failures do not name the findings"
+assert [x[:2] for x in f] == [("gradcheck-dist.simplenet", "mode off (test)"), ("gradcheck-dist.contrastive", "mode off (test)"),
+                         ("gradcheck-dist.tp", "mode off (test)")], f
+assert "fc1.weight and fc1.bias receive no gradient" in f[0][2] and "logit_scale" in f[1][2] and "norm.weight" in f[2][2], f' off.xml || fail "off.xml: the failures do not name the findings"
 
 # ---- runtime errors: an <error> testcase, and the JSON and the JUnit say the same
 if [ -n "$FAULT" ]; then

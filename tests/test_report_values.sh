@@ -28,8 +28,8 @@ import json, sys
 lim, full = (json.load(open(f)) for f in sys.argv[1:3])
 for d in (lim, full):
     assert d["schema"] == "gradcheck-dist.report/3", d["schema"]
-    assert [s["probe"] for s in d["setups"]] == ["simplenet", "contrastive"], d["setups"]
-    assert len(d["runs"]) == 2 and not any("setup" in r for r in d["runs"]), "a run holds its setup"
+    assert [s["probe"] for s in d["setups"]] == ["simplenet", "contrastive", "tp"], d["setups"]
+    assert len(d["runs"]) == 3 and not any("setup" in r for r in d["runs"]), "a run holds its setup"
 def tensors(d):
     s = d["setups"][1]
     t = {p["name"]: p["init"] for p in s["params"]}
