@@ -113,6 +113,11 @@ if len(pytest_step) != 1:
 for planted in (False, True):
     name = "planted no-grad gather" if planted else "as written"
     work = project(planted)
+    # the steps' temporaries (a failing check_ddp keeps its gcd-ddp-* directory, as it says; torch's
+    # inductor cache) go inside the project, removed with it
+    os.makedirs(os.path.join(work, "tmp"))
+    outer_tmp = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = os.path.join(work, "tmp")
     try:
         n, s, out = run_steps(work, name)
         if not planted:
@@ -132,4 +137,5 @@ for planted in (False, True):
                 fail(f"{name}: gradients.xml says {counts}, expected the one test failing")
         print(f"ok: {name}: {counts}")
     finally:
+        os.environ.pop("TMPDIR") if outer_tmp is None else os.environ.update(TMPDIR=outer_tmp)
         shutil.rmtree(work, ignore_errors=True)

@@ -117,9 +117,9 @@ import sys, xml.etree.ElementTree as E
 root = E.parse(sys.argv[1]).getroot()
 assert root.tag == "testsuites", root.tag
 cases = root.findall(".//testcase")
-assert len(cases) == 8, len(cases)
+assert len(cases) == 12, len(cases)   # three probes x four modes
 assert not root.findall(".//failure"), "a passing run has no failure"
-assert not root.findall(".//skipped"), "the six controls that behaved pass (test_junit.sh checks the rest)"
+assert not root.findall(".//skipped"), "the nine controls that behaved pass (test_junit.sh checks the rest)"
 PY
 "$G" report run.json --format md >run.md || fail "report --format md failed"
 for want in '^# No gradient finding under Lightning all_gather(sync_grads=True) at world 4 ' '^## Environment' '^## Findings' '^| fc1.weight | (2,2) |' '^gradcheck-dist run --world 4 --json run.json$' '^<details>' '^</details>'; do
@@ -151,7 +151,7 @@ for w in 60 80 100 177; do
 done
 grep -q " | status    |g|       vs ref" w177.txt || fail "at 177 columns the norms are shown"
 grep -q "|g| left out at this width (COLUMNS=138 shows it)" w100.txt || fail "at 100 columns the norms are left out, saying so: $(grep -n 'xC' w100.txt | head -1)"
-[ "$(grep -c "^  parameter " w80.txt)" = 4 ] || fail "at 80 columns two blocks of modes a probe are stacked: $(grep -c '^  parameter ' w80.txt)"
+[ "$(grep -c "^  parameter " w80.txt)" = 6 ] || fail "at 80 columns two blocks of modes a probe (three probes) are stacked: $(grep -c '^  parameter ' w80.txt)"
 (unset COLUMNS; "$G" report run.json >w_default.txt)
 cmp -s w_default.txt w100.txt || fail "not a terminal, no COLUMNS: the width must be 100"
 if command -v script >/dev/null; then   # a terminal 70 wide: TIOCGWINSZ
@@ -276,10 +276,10 @@ f["message"], f["counts"] = "<&\"'> line\nbreak \u0001 ```", True
 r["expectations"][0]["met"], r["expectations"][0]["message"] = False, "bad <tag> & \"quote\"\n# heading"
 json.dump(r, open(sys.argv[2], "w"))
 PY
-# a report of 160 runs: JUnit renders every one it counts; the text says what its tables leave out
+# a report of 240 runs: JUnit renders every one it counts; the text says what its tables leave out
 "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["runs"]*=20; d["expectations"]*=20; json.dump(d,open(sys.argv[2],"w"))' run.json many.json
-[ "$("$G" report many.json --format junit | grep -c '<testcase ')" = 160 ] || fail "JUnit must render all 160 runs it counts"
-"$G" report many.json | grep -q "96 more runs are in the report" || fail "the text must say which runs its tables leave out"
+[ "$("$G" report many.json --format junit | grep -c '<testcase ')" = 240 ] || fail "JUnit must render all 240 runs it counts"
+"$G" report many.json | grep -q "176 more runs are in the report" || fail "the text must say which runs its tables leave out"
 "$G" report escapes.json --format junit >escapes.xml || fail "junit of escapes.json failed"
 "$PY" -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' escapes.xml || fail "the JUnit of hostile strings is not well-formed XML"
 "$G" report escapes.json --format md >escapes.md || fail "md of escapes.json failed"

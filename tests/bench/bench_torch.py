@@ -117,6 +117,11 @@ def worker(a):
         code = 3
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit skips finalizers: torch.distributed.nn's import made a temporary directory (its jit
+    # instantiator's), removed here or it outlives the worker
+    tmp = getattr(sys.modules.get("torch.distributed.nn.jit.instantiator"), "_TEMP_DIR", None)
+    if tmp is not None:
+        tmp.cleanup()
     os._exit(code)   # past gloo's destructor, which can hang in torch 1.13
 
 
