@@ -301,7 +301,7 @@ class Guard:
         ranks = run["guard"]["ranks"]
         text = "; ".join(f["message"] for f in run["findings"] if f["counts"])
         where = f" (report: {self.report.format(step=step)})" if self.report else ""
-        msg = f"gradcheck_dist.guard, step {step}, ranks {ranks}: {text}{where}"
+        msg = f"gradcheck_dist.guard, ranks {ranks}: {text}{where}"  # each finding's text opens with "step N: "
         if self.on_finding == "raise":
             raise GradcheckFinding(msg, report, step, ranks)
         if self.on_finding == "warn":

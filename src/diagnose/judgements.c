@@ -130,9 +130,11 @@ static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
         gcd_sb_printf(m, "only %d of %d parameters %s a gradient: %s; %s %s None on every rank%s", have, res->nparam,
                       gcd_plural(have, "receives", "receive"), others.s, j->names, gcd_plural(n, "gets", "get"),
                       check ? "" : ": the gather detached everything before it");
-    else
-        gcd_sb_printf(m, "%s %s no gradient on any rank (None); %s %s one", j->names, gcd_plural(n, "receives", "receive"), others.s,
-                      gcd_plural(have, "still gets", "still get"));
+    else {
+        gcd_sb_printf(m, "%s %s no gradient on any rank (None)", j->names, gcd_plural(n, "receives", "receive"));
+        if (res->guard) gcd_sb_printf(m, " of ranks 0-%d", res->world - 1);
+        gcd_sb_printf(m, "; %s %s one", others.s, gcd_plural(have, "still gets", "still get"));
+    }
     if (check && !res->no_ref)   // the reference has them: cut on the way
         gcd_sb_printf(m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
                          "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False); a plain torch.distributed.all_gather, "
@@ -172,6 +174,7 @@ static void say_zero(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
     gcd_sb_printf(m, "%s", j->names);
     if (!v->res->no_ref) gcd_sb_printf(m, " %s a gradient of exactly zero where the reference's is not", gcd_plural(j->n, "gets", "get"));
     else gcd_sb_printf(m, " %s a gradient of exactly zero on every rank that has one", gcd_plural(j->n, "gets", "get"));
+    if (v->res->guard) gcd_sb_printf(m, " (ranks 0-%d)", v->res->world - 1);
 }
 
 static void say_nonfinite(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
@@ -284,6 +287,11 @@ static void say_insensitive(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_s
 
 static void say_present(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     (void)ids;
+    if (v->res->guard) {   // the guard has no reference by design: what it saw is that the ranks agree
+        gcd_sb_printf(m, "%s %s a finite, non-zero gradient on every rank, the same on ranks 0-%d after the reduce", j->names,
+                      gcd_plural(j->n, "has", "have"), v->res->world - 1);
+        return;
+    }
     gcd_sb_printf(m, "%s %s a finite, non-zero gradient%s; no reference (--ref) to compare %s values with", j->names,
                   gcd_plural(j->n, "has", "have"), v->res->world > 1 ? " on every rank" : "", gcd_plural(j->n, "its", "their"));
 }
@@ -322,12 +330,18 @@ static const judgement judgements[] = {
     { "note",             probe_world1,     NULL,               PER_RUN, say_world1 },
 };
 
+// a guarded step's findings open with the step (the ranks are in their words)
+static void step_words(const gcd_verdict_ctx *v, gcd_sb *m) {
+    if (v->res->guard) gcd_sb_printf(m, "step %lld: ", v->res->guard_step);
+}
+
 // one row's findings
 static void judge(const gcd_verdict_ctx *v, const judgement *row, gcd_sb *m, gcd_sb *ids) {
     gcd_run_result *res = v->res;
     int counts = strcmp(row->kind, "note") != 0;
     gcd_judged j = { .pick = row->pick };
     if (row->per == PER_RUN || row->per == PER_OWN) {
+        if (row->per == PER_RUN) step_words(v, m);
         row->say(v, &j, m, ids);
         if (row->per == PER_RUN) gcd_finding_emit(res, row->kind, counts, ids, m);
     } else if (row->per == PER_ALL) {
@@ -335,6 +349,7 @@ static void judge(const gcd_verdict_ctx *v, const judgement *row, gcd_sb *m, gcd
         if (!(j.n = gcd_names_count(res, row->pick, NULL))) return;
         gcd_names_words(v, row->pick, NULL, &names, ids);
         j.names = names.s;
+        step_words(v, m);
         row->say(v, &j, m, ids);
         gcd_finding_emit(res, row->kind, counts, ids, m);
         gcd_sb_free(&names);
@@ -343,6 +358,7 @@ static void judge(const gcd_verdict_ctx *v, const judgement *row, gcd_sb *m, gcd
             if (!row->pick(&res->param[i], NULL)) continue;
             j.p = &res->param[i];
             gcd_sb_printf(ids, "%s", j.p->name);
+            step_words(v, m);
             row->say(v, &j, m, ids);
             gcd_finding_emit(res, row->kind, counts, ids, m);
         }

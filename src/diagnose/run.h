@@ -112,6 +112,8 @@ typedef struct {
     gcd_param_result *param;          // (nparam)
     int classified;                   // check: statuses already set from streamed sums
     int no_ref;                       // check without --ref
+    int guard;                        // a guarded training step (src/guard): words name the step and ranks, not check's options
+    long long guard_step;             // guard: the training step judged
     int ninput;
     const char *input_name[GCD_MAX_INPUTS];
     int input_ndim[GCD_MAX_INPUTS], input_shape[GCD_MAX_INPUTS][GCD_MAX_DIM];

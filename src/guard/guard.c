@@ -81,13 +81,14 @@ static void free_params(gcd_run_result *res) {
     free(res->finding);
 }
 
-// the ranks a finding points at: without the gradient, holding a different one, or non-finite values
+// the ranks a finding points at: without the gradient, holding a different one, non-finite values, or zeros
 static cJSON *ranks_named(const gcd_run_result *res) {
     unsigned char *named = gcd_malloc((size_t)res->world);
     for (int i = 0; i < res->nparam; i++) {
         const gcd_param_result *p = &res->param[i];
         if (p->status == GCD_ST_PRESENT) continue;
-        for (int r = 0; r < res->world; r++) named[r] |= !p->has[r] || p->differs[r] || p->rank_nonfinite[r];
+        for (int r = 0; r < res->world; r++)   // a zero: every rank that holds it (none holds anything else)
+            named[r] |= !p->has[r] || p->differs[r] || p->rank_nonfinite[r] || (p->status == GCD_ST_ZERO && p->has[r]);
     }
     cJSON *a = cJSON_CreateArray();
     for (int r = 0; a && r < res->world; r++)
@@ -118,7 +119,8 @@ int gcd_guard_judge(const double *summary, int world, int nparam, int k, const c
     res.probe = "check";
     res.world = world;
     res.tol = tol;
-    res.no_ref = res.classified = 1;
+    res.no_ref = res.classified = res.guard = 1;
+    res.guard_step = step;
     res.sensitivity = NAN;
     res.param = gcd_malloc((size_t)(nparam ? nparam : 1) * sizeof *res.param);
     for (int i = 0; i < nparam; i++) {

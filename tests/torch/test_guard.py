@@ -153,6 +153,7 @@ def test_nan_on_one_rank_should_be_found_on_rank_2():
         assert r["finding"] and r["step"] == 3 and r["ranks"] == [2], r
     f = findings(res[0]["report"], "nonfinite")
     assert f and f[0]["params"] == ["img.0.weight"] and "on rank 2: 1 of 192 (first at index 14)" in f[0]["message"], f
+    assert f[0]["message"].startswith("step 3: img.0.weight"), f  # the guard's words name the step
     with open(os.path.join(outdir, "report-3.json")) as fh:  # rank 0 wrote check's report, with the step
         written = json.load(fh)
     assert written["runs"][0]["guard"] == {"step": 3, "every": 1, "sketch": 8, "ranks": [2]} and written["result"] == "fail"
@@ -328,3 +329,87 @@ def test_fsdp2_shards_should_combine_to_the_whole_and_locate_a_nan():
     assert all(r["sharded"]) and r["clean"] == "pass", r
     assert r["sketch_err"] < 1e-5 and r["norm_err"] < 1e-5, r
     assert r["nan"] == [[1], ["nonfinite"]], r  # (ranks named, finding kinds), through JSON
+
+
+# ---- FSDP1 (FlatParameter, torch >= 2.1): each rank's run of the flat shard, combined per original parameter
+
+
+def _fsdp1_rank(rank, world, orig, outdir, port):
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from gradcheck_dist.dump import collect
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(12, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))  # 163 values: uneven over 2
+    ref = [p.detach().clone().requires_grad_(True) for p in plain.parameters()]
+    model = FSDP(plain, use_orig_params=orig, device_id=torch.device("cpu"))
+    g = guard(model, every=1, k=8)
+    xs = [torch.randn(8, 12, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    out = {}
+
+    def ref_norms():  # the whole model on every rank's batch: FSDP averages the ranks' gradients
+        w0, b0, w2, b2 = ref
+        loss = sum((torch.tanh(x @ w0.t() + b0) @ w2.t() + b2).pow(2).mean() for x in xs) / world
+        grads = torch.autograd.grad(loss, ref)
+        return {n: float(t.norm()) for n, t in zip(["0.weight", "0.bias", "2.weight", "2.bias"], grads)}
+
+    model(xs[rank]).pow(2).mean().backward()
+    report = g.check(0)
+    want = ref_norms()
+    out["clean"] = report["result"]
+    out["sharded"] = sorted(p["name"] for p in report["runs"][0]["params"])
+    out["norm_err"] = max(abs(p["norm"] / want[p["name"]] - 1) for p in report["runs"][0]["params"])
+    out["notes"] = [f["message"] for f in report["runs"][0]["findings"]]
+    model.zero_grad()
+    model(xs[rank]).pow(2).mean().backward()
+    for name, t, _ in collect(model):  # a dropped gradient: 2.weight's pieces zeroed on every rank that holds one
+        if name == "2.weight" and t is not None:
+            t.zero_()
+    try:
+        g.check(1)
+        out["dropped"] = None
+    except GradcheckFinding as e:
+        run = e.report["runs"][0]
+        out["dropped"] = [[f["kind"], f["params"], f["message"]] for f in run["findings"] if f["counts"]]
+        out["text"] = str(e)
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.barrier()  # no rank tears gloo down while another still talks
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("orig", [True, False])
+def test_fsdp1_flat_shards_should_combine_per_parameter_and_catch_a_dropped_gradient(orig):
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 1):
+        pytest.skip(f"FSDP1 flat parameters need torch >= 2.1 (_shard_param_infos; this is {torch.__version__}): "
+                    "the torch2 tier runs it")
+    world = 2
+    outdir = tempfile.mkdtemp(prefix="guard-fsdp1-")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_fsdp1_rank, args=(r, world, orig, outdir, port)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    res = []
+    for r in range(world):
+        with open(os.path.join(outdir, f"rank{r}.json")) as f:
+            res.append(json.load(f))
+    r = res[0]
+    assert r["clean"] == "pass" and r["sharded"] == ["0.bias", "0.weight", "2.bias", "2.weight"], r
+    assert r["norm_err"] < 1e-5, r
+    assert not any("--ref" in m or "reference" in m for m in r["notes"]), r["notes"]  # the guard's words, not check's
+    assert all(m.startswith("step 0: ") for m in r["notes"]), r["notes"]
+    for x in res:  # every rank raises alike, at step 1, naming the parameter
+        assert x["dropped"] and [d[:2] for d in x["dropped"]] == [["zero", ["2.weight"]]], x
+        assert x["dropped"][0][2].startswith("step 1: 2.weight gets a gradient of exactly zero"), x["dropped"]
+        assert x["text"].startswith("gradcheck_dist.guard, ranks [0, 1]: step 1: 2.weight"), x["text"]
