@@ -89,6 +89,7 @@ def partial_taken_as_replicated_is_named_with_coordinates():
     text, rep = expect([d, "--ref", refp], 1, "norm: replicated across the tensor-parallel ranks, but the copies differ",
                        "never all-reduced", "rank 1 (dp 0, tp 1) against rank 0 (dp 0, tp 0)", report=True)
     need(status(rep) == {"col": "ok", "row": "ok", "norm": "disagree"}, f"statuses {status(rep)}")
+    need(rep["runs"][0]["mesh"] == {"names": ["dp", "tp"], "coords": [[0, 0], [0, 1]]}, f"mesh {rep['runs'][0].get('mesh')}")
 
 
 @case
