@@ -325,7 +325,7 @@ static void tp_should_agree_when_the_norm_is_reduced(gcd_comm *comm, gcd_arena *
                 CHECK(p->path.n >= 2 && !strcmp(gcd_path_op(&p->path.node[p->path.n - 1]), "mse_loss"), "tp mode %s: %s's path does not reach the loss", m, p->name);
             }
             CHECK(gcd_run_has_finding(&res) == (own_share || avg), "tp world %d mode %s: has_finding %d", W, m, gcd_run_has_finding(&res));
-            if (own_share) CHECK(has_finding(&res, "disagree", "norm.weight and norm.bias hold different gradients on different ranks"),
+            if (own_share) CHECK(has_finding(&res, "disagree", "norm.weight and norm.bias: replicated across the tensor-parallel ranks, but the copies differ"),
                                  "tp world %d mode %s: the finding must name the norm", W, m);
             if (avg) CHECK(has_finding(&res, "scaled", "norm.weight and norm.bias gradients are the reference x"), "tp world %d avg: the finding must name the norm", W);
             gcd_sb why = { 0 };

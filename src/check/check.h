@@ -44,6 +44,10 @@ typedef struct {
     int nran;
     char *nondeterministic, *batchnorm;   // gradcheck.nondeterministic / .batchnorm of every file, ", "-joined, or NULL
     uint64_t bytes;             // data bytes scanned
+    int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
+    char mesh_names[4][16];     // (mesh_nd)
+    int mesh_shape[4];          // (mesh_nd)
+    int *mesh_coords;           // (world * mesh_nd) each rank's coordinates
 } gcd_check_set;
 
 // Opens, validates and cross-checks every file. 0, or 2 with a message naming the file, rank or

@@ -77,17 +77,36 @@ void gcd_strip_wrappers(char *name);
 // shards.c: gradcheck.shards, the FSDP maps
 
 // gradcheck.shards: {"name": {"shape": [full dims], "start": flat offset}}: this file's tensor of that
-// name holds the contiguous run of the parameter's row-major elements from start (FSDP)
+// name holds the contiguous run of the parameter's row-major elements from start (FSDP); or, on a mesh
+// (DTensor placements, tp_layout), {"shape", "placements", "offsets", "lengths"}: the box of the parameter
+// at offsets with those lengths, row-major (start: its first element's flat index), a partial sum when
+// a placement says partial
 struct gcd_shard_map {
     int n;
-    struct shard { char *name; uint64_t start, numel; int ndim; int shape[GCD_ST_MAX_DIM]; } *e;   // (n) by name
+    struct shard {
+        char *name;
+        uint64_t start, numel;
+        int ndim, box, partial;                        // box: the mesh form; partial: bit i set where mesh dimension i is a partial sum
+        int shape[GCD_ST_MAX_DIM];
+        int off[GCD_ST_MAX_DIM], len[GCD_ST_MAX_DIM];  // box: its corner and lengths
+    } *e;   // (n) by name
 };
+// box x's elements of flat indices [at, at + m) as contiguous segments: calls fn(arg, local index, flat
+// index, count) for each, in order; 0, or what fn returns to stop
+int gcd_box_segments(const struct shard *x, uint64_t at, uint64_t m, int (*fn)(void *, uint64_t, uint64_t, uint64_t), void *arg);
 
 const struct shard *gcd_shard_of(const gcd_shard_map *m, const char *name);
 int gcd_shards_load(const gcd_st_file *f, gcd_shard_map *m, char *err, size_t len);
 void gcd_shards_free(gcd_shard_map *m);
 // every sharded parameter's pieces tile it (sets set->sharded); 2 with the message otherwise
 int gcd_shards_check(const gcd_check_opts *o, gcd_check_set *set, char *err, size_t len);
+
+// ----------------------------------------------------------------------------
+// mesh.c: gradcheck.mesh, the ranks' coordinates on a device mesh (DTensor, tp_layout)
+
+// every rank's file records the same mesh shape and names and its own coordinates, inside the mesh and
+// claimed by no other rank; 2 with the message otherwise (none anywhere: mesh_nd 0)
+int gcd_mesh_load(gcd_check_set *set, char *err, size_t len);
 
 // ----------------------------------------------------------------------------
 // digest.c: the files the scan does not hash, hashed by a pool of threads

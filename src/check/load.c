@@ -246,6 +246,7 @@ static int load_shard_maps(const gcd_check_opts *o, gcd_check_set *set, char *er
         any_shard |= set->shards[k].n > 0;
     }
     set->sharded = gcd_malloc((size_t)(set->nparams ? set->nparams : 1));
+    if ((rc = gcd_mesh_load(set, err, len))) return rc;
     return any_shard ? gcd_shards_check(o, set, err, len) : 0;
 }
 
@@ -326,7 +327,7 @@ void gcd_check_free(gcd_check_set *set) {
     for (int k = 0; set->local && k < set->world; k++) gcd_st_close(&set->local[k]);
     free(set->local);
     for (int k = 0; set->shards && k < nfiles(set); k++) gcd_shards_free(&set->shards[k]);
-    free(set->shards), free(set->sharded), free(set->ptol);
+    free(set->shards), free(set->sharded), free(set->ptol), free(set->mesh_coords);
     free_strs(set->ran, set->nran), free(set->nondeterministic), free(set->batchnorm);
     if (set->has_ref) gcd_st_close(&set->ref);
     if (set->has_ref2) gcd_st_close(&set->ref2);

@@ -96,6 +96,7 @@ typedef struct {
     int sharded;               // this parameter: g is the ranks' runs side by side (FSDP), each from start[k]
     uint64_t *start;           // (world)
     int *twin;                 // (world) sharded: the first rank holding the same run (an HSDP replica), or -1
+    unsigned char *dup;        // (world) a partial piece that copies an earlier rank's (the same partial coordinates): not added again
     int *held;                 // (world) sharded: the ranks holding a non-empty run, sorted by run (by_held)
     double *g, *r, *r2, *tmp;  // (CHUNK) r2: the second reference
     double *sq, *dsq;          // (world) ||g_k||^2, ||g_k - g_first||^2 (sharded: - its twin's)
@@ -145,31 +146,52 @@ static const unsigned char *bytes(scan *s, int k, uint64_t at, size_t m) {
 // stage reads the first rank only: g is its gradient)
 // g for elements [at, at+m) of a sharded parameter: each rank's run where it overlaps (the rest, of
 // ranks without a gradient, zeros); with p each rank's figures over its run
+typedef struct { scan *s; gcd_param_result *p; int k, how; uint64_t at; } seg_arg;
+
+// one contiguous piece of rank k's tensor: elements [local, local + n) of it, [flat, flat + n) of the whole
+static int take_seg(void *arg, uint64_t local, uint64_t flat, uint64_t n) {
+    seg_arg *c = arg;
+    scan *s = c->s;
+    int k = c->k;
+    const gcd_st_file *f = file_of(s->set, k);
+    s->reading = f->path;
+    const unsigned char *b = gcd_st_bytes(f, s->t[k], local, (size_t)n, s->err, s->len);
+    if (!b) return 2;
+    hash_to(s, k, f->data_start + s->t[k]->begin + (local + n) * gcd_dtype_size(s->t[k]->dtype));
+    rank_acc a = { 0 };
+    take(c->how, s->t[k]->dtype, b, (size_t)n, s->g + (flat - c->at), &a, s->tmp);
+    gcd_param_result *p = c->p;
+    if (!p) return 0;
+    s->sq[k] += a.sq;
+    if (c->how == TAKE_DIFF) {
+        s->dsq[k] += a.d2;
+        p->max_diff = p->max_diff > a.mx || a.mx != a.mx ? (a.mx != a.mx ? a.mx : p->max_diff) : a.mx;
+        if (a.d2 > 0 || a.d2 != a.d2) p->differs[k] = 1;
+    }
+    if (a.bad) {
+        p->rank_nonfinite[k] += a.bad;
+        if (p->rank_first_nonfinite[k] < 0) p->rank_first_nonfinite[k] = (long)(flat + (uint64_t)a.first);
+    }
+    return 0;
+}
+
+// g for elements [at, at+m) of a sharded parameter: each rank's run (or box) where it overlaps (the
+// rest, of ranks without a gradient, zeros); a copy of an earlier rank's piece is compared with it, a
+// piece of a partial sum added to it; with p each rank's figures over its piece
 static int chunk_sharded(scan *s, gcd_param_result *p, uint64_t at, size_t m) {
     memset(s->g, 0, m * sizeof *s->g);
     for (int k = 0; k < s->set->world; k++) {
         if (!s->t[k]) continue;
+        const struct shard *sh = gcd_shard_of(&s->set->shards[k], p ? p->name : s->param);
+        int twin = s->twin[k] >= 0;
+        if (s->dup[k]) continue;
+        seg_arg c = { s, p, k, !twin ? TAKE_FIRST : sh && sh->partial ? TAKE_ADD : TAKE_DIFF, at };
+        if (sh && sh->box) {
+            if (gcd_box_segments(sh, at, m, take_seg, &c)) return 2;
+            continue;
+        }
         uint64_t lo = at > s->start[k] ? at : s->start[k], end = s->start[k] + s->t[k]->n, hi = at + m < end ? at + m : end;
-        if (lo >= hi) continue;
-        const gcd_st_file *f = file_of(s->set, k);
-        s->reading = f->path;
-        const unsigned char *b = gcd_st_bytes(f, s->t[k], lo - s->start[k], (size_t)(hi - lo), s->err, s->len);
-        if (!b) return 2;
-        hash_to(s, k, f->data_start + s->t[k]->begin + (hi - s->start[k]) * gcd_dtype_size(s->t[k]->dtype));
-        rank_acc a = { 0 };
-        int twin = s->twin[k] >= 0;   // a replica of an earlier rank's run: compared with it, not placed again
-        take(twin ? TAKE_DIFF : TAKE_FIRST, s->t[k]->dtype, b, (size_t)(hi - lo), s->g + (lo - at), &a, s->tmp);
-        if (!p) continue;
-        s->sq[k] += a.sq;
-        if (twin) {
-            s->dsq[k] += a.d2;
-            p->max_diff = p->max_diff > a.mx || a.mx != a.mx ? (a.mx != a.mx ? a.mx : p->max_diff) : a.mx;
-            if (a.d2 > 0 || a.d2 != a.d2) p->differs[k] = 1;
-        }
-        if (a.bad) {
-            p->rank_nonfinite[k] += a.bad;
-            if (p->rank_first_nonfinite[k] < 0) p->rank_first_nonfinite[k] = (long)(lo + (uint64_t)a.first);
-        }
+        if (lo < hi && take_seg(&c, lo - s->start[k], lo, hi - lo)) return 2;
     }
     return 0;
 }
@@ -228,7 +250,8 @@ static uint64_t next_held(const scan *s, uint64_t at, uint64_t n) {
     uint64_t next = n;
     for (int k = 0; k < s->set->world; k++) {
         if (!s->t[k] || !s->t[k]->n) continue;
-        uint64_t a = s->start[k], b = a + s->t[k]->n;
+        const struct shard *sh = gcd_shard_of(&s->set->shards[k], s->param);
+        uint64_t a = s->start[k], b = sh && sh->box ? n : a + s->t[k]->n;   // a box: from its corner on
         if (at >= a && at < b) return at;
         if (a > at && a < next) next = a;
     }
@@ -247,6 +270,18 @@ static int late(scan *s) {
     if (!s->deadline || s->nlate++ % 64 || mono() <= s->deadline) return 0;
     snprintf(s->err, s->len, "stopped: the scan took longer than --timeout allows (at '%.80s')", (const char *)s->param);
     return 3;
+}
+
+// on a mesh with a dimension named tp: a rank whose copy differs sits at another tp coordinate than the
+// rank it is compared with (copies that must agree across the tensor-parallel group do not)
+static int copies_across_tp(const gcd_check_set *set, const gcd_param_result *p) {
+    int tp = -1;
+    for (int i = 0; i < set->mesh_nd; i++)
+        if (!strcmp(set->mesh_names[i], "tp")) tp = i;
+    int b = p->diff_base >= 0 ? p->diff_base : p->first;
+    for (int k = 0; tp >= 0 && b >= 0 && k < set->world; k++)
+        if (p->differs[k] && set->mesh_coords[k * 4 + tp] != set->mesh_coords[b * 4 + tp]) return 1;
+    return 0;
 }
 
 static int scan_param(scan *s, gcd_param_result *p) {
@@ -302,6 +337,7 @@ static int scan_param(scan *s, gcd_param_result *p) {
     }
     for (int k = 0; k < W + NREF; k++)
         if (s->t[k]) gcd_st_release(file_of(s->set, k), s->t[k]);
+    p->tp_split = copies_across_tp(s->set, p) ? 2 : p->tp_split;
     gcd_classify_sums(p, &sums, W, p->tol);
     return 0;
 }
@@ -318,6 +354,12 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->nref = set->has_ref + set->has_ref2;
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm;
+    res->mesh_nd = set->mesh_nd;
+    if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
+    for (int i = 0; i < set->mesh_nd; i++) {
+        memcpy(res->mesh_names[i], set->mesh_names[i], sizeof res->mesh_names[i]);
+        for (int k = 0; k < W; k++) res->mesh_coords[k * set->mesh_nd + i] = set->mesh_coords[k * 4 + i];
+    }
     res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
     *s = (scan){ .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
     s->t = gcd_malloc((size_t)NF * sizeof *s->t);
@@ -325,6 +367,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     s->tmp = gcd_malloc(CHUNK * sizeof(double));
     s->sq = gcd_malloc((size_t)W * sizeof(double)), s->dsq = gcd_malloc((size_t)W * sizeof(double));
     s->start = gcd_malloc((size_t)W * sizeof *s->start), s->twin = gcd_malloc((size_t)W * sizeof *s->twin), s->held = gcd_malloc((size_t)W * sizeof *s->held);
+    s->dup = gcd_malloc((size_t)W);
     s->deadline = o->timeout > 0 ? mono() + o->timeout : 0;
 }
 
@@ -371,6 +414,7 @@ static void place_shards(scan *s, gcd_param_result *p) {
     // HSDP: replicas of one run are compared with its first holder; the ranks sorted by run, not a
     // pass over the earlier ranks per rank (W^2: seconds per parameter at a few thousand ranks)
     int nheld = 0;
+    memset(s->dup, 0, (size_t)W);
     for (int k = 0; k < W; k++) {
         s->twin[k] = -1;
         if (s->t[k] && s->t[k]->n) s->held[nheld++] = k;
@@ -379,6 +423,19 @@ static void place_shards(scan *s, gcd_param_result *p) {
     for (int i = 1; i < nheld; i++) {
         int q = s->held[i - 1], k = s->held[i];
         if (s->start[q] == s->start[k] && s->t[q]->n == s->t[k]->n) s->twin[k] = s->twin[q] >= 0 ? s->twin[q] : q;
+    }
+    // a partial piece held again at the same partial coordinates (a copy along a replicate dimension) is
+    // not added twice
+    for (int i = 0; i < nheld; i++) {
+        int k = s->held[i];
+        const struct shard *sh = gcd_shard_of(&set->shards[k], p->name);
+        s->dup[k] = 0;
+        for (int h = i - 1; sh && sh->partial && set->mesh_coords && h >= 0 && s->twin[k] >= 0 && !s->dup[k]; h--) {
+            int q = s->held[h], same = s->twin[q] == s->twin[k] || q == s->twin[k];
+            for (int d = 0; same && d < set->mesh_nd; d++)
+                if (sh->partial >> d & 1) same = set->mesh_coords[q * 4 + d] == set->mesh_coords[k * 4 + d];
+            s->dup[k] = (unsigned char)same;
+        }
     }
 }
 
@@ -441,7 +498,7 @@ static int files_unchanged(gcd_check_set *set, char *err, size_t len) {
 }
 
 static void scan_free(scan *s) {
-    free(s->t), free(s->g), free(s->r), free(s->r2), free(s->tmp), free(s->sq), free(s->dsq), free(s->start), free(s->twin), free(s->held);
+    free(s->t), free(s->g), free(s->r), free(s->r2), free(s->tmp), free(s->sq), free(s->dsq), free(s->start), free(s->twin), free(s->held), free(s->dup);
     free(s->xxh), free(s->hashed), free((void *)s->inl);
 }
 

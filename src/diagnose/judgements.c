@@ -102,7 +102,8 @@ static int batchnorm_differs(const gcd_param_result *p, const void *arg) {
 STATUS_PICK(is_partial, GCD_ST_PARTIAL)
 STATUS_PICK(is_zero, GCD_ST_ZERO)
 STATUS_PICK(is_nonfinite, GCD_ST_NONFINITE)
-STATUS_PICK(is_disagree, GCD_ST_DISAGREE)
+static int is_disagree(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split != 2; }
+static int tp_copies(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split == 2; }
 STATUS_PICK(is_scaled, GCD_ST_SCALED)
 STATUS_PICK(is_undecided, GCD_ST_UNDECIDED)
 STATUS_PICK(is_ok, GCD_ST_OK)
@@ -212,6 +213,34 @@ static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *
                      "dumps, replicas of one shard (HSDP) that differ)");
 }
 
+// rank k, and where it sits on the mesh: "rank 1 (dp 0, tp 1)"
+static void say_rank_at(const gcd_run_result *res, gcd_sb *m, int k) {
+    gcd_sb_printf(m, "rank %d", k);
+    for (int i = 0; res->mesh_coords && i < res->mesh_nd; i++)
+        gcd_sb_printf(m, "%s%s %d%s", i ? ", " : " (", res->mesh_names[i][0] ? res->mesh_names[i] : "dim", res->mesh_coords[k * res->mesh_nd + i],
+                      i == res->mesh_nd - 1 ? ")" : "");
+}
+
+static void say_tp_copies(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    const gcd_param_result *worst = NULL;
+    for (int i = 0; i < res->nparam; i++)
+        if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+    int base = worst->diff_base >= 0 ? worst->diff_base : worst->first, nd = 0;
+    gcd_sb_printf(m, "%s: replicated across the tensor-parallel ranks, but the copies differ: a partial sum never all-reduced "
+                     "(e.g. a sequence-parallel norm): ", j->names);
+    if (j->n > 1) gcd_sb_printf(m, "%s differs most, ", worst->name);
+    for (int k = 0; k < res->world; k++)
+        if (worst->differs[k] && k != base) {
+            gcd_sb_printf(m, "%s", nd++ ? ", " : "");
+            say_rank_at(res, m, k);
+        }
+    gcd_sb_printf(m, " against ");
+    say_rank_at(res, m, base);
+    gcd_sb_printf(m, " by up to %.3g (relative %.3g)", worst->max_diff, worst->diff_rel);
+}
+
 static void say_mismatch(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     (void)v, (void)ids;
     const gcd_param_result *p = j->p;
@@ -315,6 +344,7 @@ static const judgement judgements[] = {
     { "partial",          NULL,             is_partial,         PER_ONE, say_partial },
     { "zero",             NULL,             is_zero,            PER_ALL, say_zero },
     { "nonfinite",        NULL,             is_nonfinite,       PER_ONE, say_nonfinite },
+    { "disagree",         NULL,             tp_copies,          PER_ALL, say_tp_copies },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
     { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },

@@ -239,6 +239,14 @@ static void copies(gcd_param_result *p, int W) {
     }
 }
 
+// the tensor-parallel probe's ranks on a mesh: every rank in one tp group, rank k at (dp 0, tp k)
+static void tp_mesh(gcd_run_result *res, int W) {
+    res->mesh_nd = 2;
+    memcpy(res->mesh_names[0], "dp", 3), memcpy(res->mesh_names[1], "tp", 3);
+    res->mesh_coords = gcd_malloc((size_t)W * 2 * sizeof(int));
+    for (int k = 0; k < W; k++) res->mesh_coords[2 * k] = 0, res->mesh_coords[2 * k + 1] = k;
+}
+
 void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     const gcd_probe *pr = o->probe;
     int W = comm->world, root = comm->rank == 0;
@@ -246,6 +254,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
     res->probe = pr->name;
     res->mode = o->mode;
     res->finalize = pr->split != NULL;
+    if (pr->replicated && root) tp_mesh(res, W);
     res->world = W;
     res->steps = o->steps;
     res->lr = o->lr;
@@ -363,6 +372,6 @@ void gcd_run_result_free(gcd_run_result *res) {
     free(res->finding);
     free(res->param);
     for (int j = 0; j < res->ninput; j++) free(res->inputs[j]);
-    free(res->loss);
+    free(res->loss), free(res->mesh_coords);
     memset(res, 0, sizeof *res);
 }

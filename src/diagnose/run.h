@@ -97,10 +97,15 @@ typedef struct {
     char *message;          // (malloc'd)
 } gcd_finding;
 
+#define GCD_MESH_MAX_DIM 4
+
 typedef struct {
     const char *probe;
     int mode, world, steps;
     int finalize;                     // run: a tensor-parallel probe, whose mode reduced its replicated parameters' gradients
+    int mesh_nd;                      // the ranks on a mesh (check: gradcheck.mesh; run: the tp probe's (dp, tp)), else 0
+    char mesh_names[GCD_MESH_MAX_DIM][16];   // (mesh_nd) its dimensions' names ("dp", "tp")
+    int *mesh_coords;                 // (world * mesh_nd) each rank's coordinates, or NULL
     double lr, tol;
     int tol_given;                    // check --tol: every tensor's tolerance is tol
     int nref;                         // check: references given (0, 1 or 2)

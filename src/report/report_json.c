@@ -31,6 +31,14 @@ static cJSON *push(cJSON *arr, cJSON *v) {
     return v;
 }
 
+// the ranks' mesh (gradcheck.mesh): its dimensions' names and each rank's coordinates
+static cJSON *mesh_json(const gcd_run_result *res) {
+    cJSON *m = chk(cJSON_CreateObject()), *names = put(m, "names", cJSON_CreateArray()), *coords = put(m, "coords", cJSON_CreateArray());
+    for (int i = 0; i < res->mesh_nd; i++) push(names, cJSON_CreateString(res->mesh_names[i]));
+    for (int k = 0; k < res->world; k++) push(coords, cJSON_CreateIntArray(res->mesh_coords + (size_t)k * res->mesh_nd, res->mesh_nd));
+    return m;
+}
+
 // cJSON prints NaN and infinities as null; here null means None, so they are strings
 static cJSON *num(double v) {
     if (isnan(v)) return cJSON_CreateString("nan");
@@ -321,6 +329,7 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "tolerance_from_dtypes", num(set->tol_default));
     if (set->tol_reason[0]) put(r, "tolerance_reason", cJSON_CreateString(set->tol_reason));
     put(r, "bytes_scanned", cJSON_CreateNumber((double)set->bytes));
+    if (res->mesh_nd) put(r, "mesh", mesh_json(res));
     put(r, "seconds", num(res->seconds));
     cJSON *dumps = put(r, "dumps", cJSON_CreateArray());
     for (int k = 0; k < set->world; k++) push(dumps, dump_entry(&set->rank[k], k, set->digest[k]));

@@ -12,6 +12,7 @@ import json
 import re
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
-from gradcheck_dist import Shard, dump_grads, read_dump, tp_layout  # noqa: E402
+from gradcheck_dist import Shard, dump_grads, read_dump, tp_layout, write_dump  # noqa: E402
 
 H, F, S, B = 8, 10, 8, 2   # hidden, ffn (10: uneven over 4), sequence (split over tp), batch (split over dp)
 
@@ -35,16 +36,30 @@ class Block(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(self.norm(x))))
 
 
-def data():
-    return torch.randn(B, S, H, generator=torch.Generator().manual_seed(1))
+def data(seed=1):
+    return torch.randn(B, S, H, generator=torch.Generator().manual_seed(seed))
 
 
-def reference(dp, f=F):
+def reference(dp, f=F, seed=1):
     """The unsplit block's gradient: the loss summed over the sequence, averaged over the dp replicas' batches."""
     torch.manual_seed(0)
     m = Block(f)
-    sum(m(x).pow(2).sum() for x in data().chunk(dp)).div(dp).backward()
+    sum(m(x).pow(2).sum() for x in data(seed).chunk(dp)).div(dp).backward()
     return {n: p.grad for n, p in m.named_parameters()}
+
+
+def check(outdir, world, ref, code, *words, rename=None):
+    """`gradcheck-dist check` on the ranks' dumps against ref (the unsplit gradient, written as a world-1 dump
+    under the ranks' names): its exit code must be `code` and its output must hold each of words."""
+    rename = rename or {}
+    grads = {rename.get(n, n): g for n, g in ref.items()}
+    refp = os.path.join(outdir, "ref.safetensors")
+    write_dump(refp, grads, list(grads), "reduced", rank=0, world=1)
+    paths = [os.path.join(outdir, f"rank{r}.safetensors") for r in range(world)]
+    p = subprocess.run([os.environ["GRADCHECK_DIST"], "check", *paths, "--ref", refp, "--no-json"], capture_output=True, text=True, timeout=120)
+    text = re.sub(r"\s+", " ", p.stdout + p.stderr)
+    assert p.returncode == code and all(w in text for w in words), (p.returncode, code, words, p.stdout + p.stderr)
+    return text
 
 
 # ---- the spec in torch
@@ -148,8 +163,10 @@ def _ffn(world, how):
     return 12 if (world, how) == (4, "tp") else F
 
 
-def _torch_tp(rank, world, how, outdir, port):
-    """parallelize_module (TP + SP) over tp = world / dp, then (fsdp) FSDP2 over dp."""
+def _torch_tp(rank, world, how, outdir, port, seed=1, fault=None):
+    """parallelize_module (TP + SP) over tp = world / dp, then (fsdp) FSDP2 over dp. fault, after the backward:
+    partial_as_replicated (the norm's Partial gradient re-labelled Replicate, never all-reduced over tp),
+    zero_shard (rank 1's piece of fc2.weight zeroed), bias_twice (fc2.bias's gradient all-reduced twice: x2)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard as TShard
@@ -170,8 +187,17 @@ def _torch_tp(rank, world, how, outdir, port):
             from torch.distributed._composable.fsdp import fully_shard
         fully_shard(m, mesh=mesh["dp"])
     d, t = mesh.get_coordinate()
-    x = data().chunk(dp)[d].chunk(tp, dim=1)[t]   # this replica's batch, this rank's sequence shard
+    x = data(seed).chunk(dp)[d].chunk(tp, dim=1)[t]   # this replica's batch, this rank's sequence shard
     m(x).pow(2).sum().backward()
+    if fault == "partial_as_replicated":
+        from torch.distributed.tensor import DTensor, Replicate
+
+        for p in (m.norm.weight, m.norm.bias):
+            p.grad = DTensor.from_local(p.grad.to_local(), p.grad.device_mesh, [Replicate()] * p.grad.device_mesh.ndim, run_check=False)
+    elif fault == "zero_shard" and rank == 1:
+        m.fc2.weight.grad.to_local().zero_()
+    elif fault == "bias_twice":
+        m.fc2.bias.grad.to_local().mul_(2)
     if rank == 0:
         with open(os.path.join(outdir, "placements.json"), "w") as f:
             json.dump({n: str(p.grad.placements) for n, p in m.named_parameters()}, f)
@@ -185,8 +211,8 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _spawn(fn, world, *args):
-    mp.start_processes(fn, args=(world,) + args + (_free_port(),), nprocs=world, start_method="spawn")
+def _spawn(fn, world, *args, **kw):
+    mp.start_processes(fn, args=(world,) + args + (_free_port(),) + tuple(kw.values()), nprocs=world, start_method="spawn")
 
 
 def _close(whole, ref):
@@ -217,8 +243,26 @@ def test_torch_tp_pieces_should_assemble_to_the_unsplit_gradient(tmp_path, world
         assert shards["fc1.weight"]["placements"] == [{"kind": "strided_shard", "dim": 0, "split_factor": 2},
                                                       {"kind": "shard", "dim": 0}]
     whole, copies = assemble(paths)
-    _close(whole, reference(2 if how == "fsdp" else 1, _ffn(world, how)))
+    ref = reference(2 if how == "fsdp" else 1, _ffn(world, how))
+    _close(whole, ref)
     assert max(copies.values()) < 1e-6, copies
+    check(str(tmp_path), world, ref, 0, "result: pass")
+
+
+@pytest.mark.parametrize("world,how,seed", [(2, "tp", 2), (2, "tp", 3), (4, "fsdp", 2), (4, "fsdp", 3)])
+def test_torch_tp_should_pass_check_on_other_seeds(tmp_path, world, how, seed):
+    _spawn(_torch_tp, world, how, str(tmp_path), seed=seed)
+    check(str(tmp_path), world, reference(2 if how == "fsdp" else 1, _ffn(world, how), seed), 0, "result: pass")
+
+
+@pytest.mark.parametrize("fault,words", [
+    ("partial_as_replicated", ("norm.weight and norm.bias: replicated across the tensor-parallel ranks, but the copies differ",
+                               "rank 1 (dp 0, tp 1) against rank 0 (dp 0, tp 0)")),
+    ("zero_shard", ("fc2.weight",)),
+    ("bias_twice", ("fc2.bias", "x2"))])
+def test_torch_tp_faults_should_be_caught_and_named(tmp_path, fault, words):
+    _spawn(_torch_tp, 2, "tp", str(tmp_path), seed=1, fault=fault)
+    check(str(tmp_path), 2, reference(1, _ffn(2, "tp")), 1, *words)
 
 
 # ---- DTensors placed by hand: Shard(d) for every d, on 1-D and 2-D meshes
@@ -381,12 +425,16 @@ def test_hand_written_tp_should_assemble_to_the_unsplit_gradient(tmp_path, world
     ref = reference(world // 2)
     whole = {NAMES.get(n, n): g for n, g in whole.items()}
     copies = {NAMES.get(n, n): c for n, c in copies.items()}
+    back = {v: k for k, v in NAMES.items()}
     if how == "skip_norm":   # each tp rank kept its own sequence shard's share: the copies differ, the rest is right
         assert copies["norm.weight"] > 0.1 and copies["norm.bias"] > 0.1, copies
         assert not torch.allclose(whole["norm.weight"].double(), ref["norm.weight"].double(), rtol=1e-3)
+        check(str(tmp_path), world, ref, 1, "norm.weight and norm.bias: replicated across the tensor-parallel ranks, but the copies differ",
+              "rank 1 (dp 0, tp 1) against rank 0 (dp 0, tp 0)", rename=back)
         ref = {n: g for n, g in ref.items() if not n.startswith("norm.")}
     else:
         assert max(copies.values()) < 1e-6, copies
+        check(str(tmp_path), world, ref, 0, "result: pass", rename=back)
     _close(whole, ref)
 
 
