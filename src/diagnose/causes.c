@@ -119,7 +119,11 @@ static int same_scale(const gcd_param_result *q, const void *arg) {
     return s->pick(q, NULL) && gcd_same_shown(q->scale, s->p->scale, fmax(q->allowed, s->p->allowed));
 }
 
-static int is_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && !p->explained; }
+// x1 only where that was measured: a tensor ok only within its measured noise (about zero) shows no scale
+static int is_ok(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_OK && !p->explained && p->tol_source != GCD_TOL_MEASURED;
+}
 
 void gcd_cause_scaled(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     gcd_run_result *res = v->res;

@@ -105,7 +105,11 @@ STATUS_PICK(is_nonfinite, GCD_ST_NONFINITE)
 STATUS_PICK(is_disagree, GCD_ST_DISAGREE)
 STATUS_PICK(is_scaled, GCD_ST_SCALED)
 STATUS_PICK(is_undecided, GCD_ST_UNDECIDED)
-STATUS_PICK(is_ok, GCD_ST_OK)
+// ok by its own tolerance; those ok only within their measured noise are measured_ok's (their error says nothing)
+static int is_ok(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_OK && !p->explained && p->tol_source != GCD_TOL_MEASURED;
+}
 STATUS_PICK(is_present, GCD_ST_PRESENT)
 
 static int many_mismatches(const gcd_verdict_ctx *v) { return gcd_names_count(v->res, grouped_mismatch, NULL) > GCD_MISMATCH_GROUPS; }
@@ -257,7 +261,7 @@ static void say_ok(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd
     const gcd_run_result *res = v->res;
     double worst = 0;
     for (int i = 0; i < res->nparam; i++)
-        if (res->param[i].status == GCD_ST_OK && res->param[i].tol_source != GCD_TOL_MEASURED && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
+        if (is_ok(&res->param[i], NULL) && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
     if (j->n == res->nparam) gcd_sb_printf(m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
     else gcd_sb_printf(m, "%s %s the reference (max relative error %.2g)", j->names, gcd_plural(j->n, "matches", "match"), worst);
 }
