@@ -67,8 +67,8 @@ void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
         int missing = W - p->local_nhave;
         gcd_sb_printf(m, "%s %s no gradient on rank%s ", who.s, gcd_plural(n, "gets", "get"), gcd_plural(missing, "", "s"));
         gcd_ranks_list(m, p->local_has, 0, W);
-        gcd_sb_printf(m, " before DDP's all-reduce (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
-                      gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
+        gcd_sb_printf(m, " before %s (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
+                      gcd_reducer_words(res->wrapper), gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
         if (ok == n) {   // what the reference computes too (it skips them there as well): a note
             gcd_sb_printf(m, "and the result still matches the single-process reference");
             gcd_finding_emit(res, "note", 0, ids, m);

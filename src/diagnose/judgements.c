@@ -199,8 +199,8 @@ static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *
     const gcd_param_result *worst = NULL;
     for (int i = 0; i < res->nparam; i++)
         if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
-    gcd_sb_printf(m, "%s %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ", j->names,
-                  gcd_plural(j->n, "holds", "hold"));
+    gcd_sb_printf(m, "%s %s different gradients on different ranks after %s, where every rank must hold the same: ", j->names,
+                  gcd_plural(j->n, "holds", "hold"), gcd_reducer_words(res->wrapper));
     if (j->n > 1) gcd_sb_printf(m, "%s differs most, ", worst->name);
     gcd_sb_printf(m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel,
                   worst->diff_base >= 0 ? worst->diff_base : worst->first);

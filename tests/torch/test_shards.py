@@ -107,3 +107,28 @@ def test_fsdp_shards_should_assemble_to_the_reference(tmp_path, how):
     for n, p in ref.named_parameters():
         assert full[n].reshape(p.shape).shape == p.grad.shape, n
         assert torch.allclose(full[n].reshape(p.shape), p.grad, rtol=1e-5, atol=1e-7), (n, full[n], p.grad)
+
+
+@pytest.mark.parametrize("how,words", [("fsdp2", "FSDP2's reduce-scatter"), ("fsdp1", "FSDP's reduce-scatter")])
+def test_check_should_name_the_wrapper_the_dumps_record(tmp_path, how, words):
+    # issue 38 (1f): check's header said "after DDP's all-reduce" for FSDP dumps, where no DDP ran
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_worker, args=(how, str(tmp_path), port), nprocs=WORLD, start_method="spawn")
+    torch.manual_seed(0)
+    ref = Net()
+    ref(batch()).backward()
+    dump_grads(ref, str(tmp_path / "ref.safetensors"), rank=0, world=1)
+    paths = [str(tmp_path / f"rank{r}.safetensors") for r in range(WORLD)]
+    assert read_dump(paths[0])[1]["gradcheck.wrapper"] == how.rstrip("1")
+    assert "gradcheck.wrapper" not in read_dump(str(tmp_path / "ref.safetensors"))[1]   # a plain model records none
+    p = subprocess.run([os.environ["GRADCHECK_DIST"], "check", *paths, "--ref", str(tmp_path / "ref.safetensors"), "--no-json"],
+                       capture_output=True, text=True, timeout=120)
+    out = " ".join((p.stdout + p.stderr).split())   # the text report wraps at 80 columns
+    assert p.returncode == 0, out
+    assert f"stage reduced: the dumps were written after {words}" in out, out
+    assert "DDP" not in out, out
