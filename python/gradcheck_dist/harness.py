@@ -317,8 +317,20 @@ def _find_unused(model, step, shard, rank, world, setting):
     return bool(flag.item())
 
 
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
+    """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
+    divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
+    reads it there), the last synced."""
+    import contextlib
+
+    for i in range(accumulate):
+        micro = _shard(shard, i, accumulate)
+        with ddp.no_sync() if i < accumulate - 1 else contextlib.nullcontext():
+            (step(ddp, micro, rank, world) / accumulate).backward()
+
+
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
-                references=2):
+                references=2, accumulate=1):
     name = "ref" if rank is None else f"rank{rank}"
     try:
         if one_thread:
@@ -361,7 +373,7 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             fup = _find_unused(model, step, shard, rank, world, find_unused)
             ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=fup)
             cap = LocalGradCapture(ddp)
-            step(ddp, shard, rank, world).backward()
+            _accumulated_backward(ddp, step, shard, rank, world, accumulate)
             cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
             dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
@@ -442,7 +454,8 @@ def _end_procs(procs):
 
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
-              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2):
+              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2,
+              accumulate=1):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -465,11 +478,16 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     depend on the rows' order; what the two disagree by is each tensor's own rounding noise, which `check --ref A
     --ref B` measures. references=1: the reference once (a step whose loss depends on the row order). A batch
     whose tensors cannot be permuted alike (rows of different counts) falls back to one reference, with a warning.
+    accumulate=K: gradient accumulation: each rank's shard is split into K equal micro-batches, each loss divided
+    by K, the first K-1 backward calls under DDP's no_sync() and the last synced; the reference is the objective,
+    not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
     reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
     the exception names it.
     """
     _check_world(world)
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
     if references not in (1, 2):
         raise ValueError(f"references must be 1 or 2, not {references!r}")
     if references == 2:   # a batch whose rows cannot be permuted alike: one reference, said (check may say undecided)
@@ -500,7 +518,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
         procs = [ctx.Process(target=_ddp_worker, daemon=True,
                              args=(r, world, payload, seed, outdir, initfile, timeout, precision,
-                                   find_unused_parameters, one_thread, references)) for r in ranks]
+                                   find_unused_parameters, one_thread, references, accumulate)) for r in ranks]
         for p in procs:
             p.start()
         try:
