@@ -190,6 +190,24 @@ def _kept(outdir):
     return f"kept in {outdir}" + (f" ({', '.join(names + errs)})" if names or errs else "")
 
 
+def _skipped(outdir, what):
+    """A finding (GradcheckFailure, as exit 1), not a harness error: the ranks whose step returned no loss for the
+    synced backward (skipped.json, written by the first rank that joined)."""
+    path = os.path.join(outdir, "skipped.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        missing = json.load(f)
+    who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+    msg = (f"{who} never joined DDP's all-reduce: the step returned no loss there, so it skipped the synced "
+           f"backward; in training the other ranks wait in the all-reduce until the process group's timeout (a hang), "
+           f"or pair it with another step's. Fix: every rank runs the synced backward every step (a rank without "
+           f"data: a loss of zero that still reaches every parameter, e.g. sum(p.sum() for p in model.parameters()) * 0)")
+    raise GradcheckFailure(f"{what}: {msg}\n{_kept(outdir)}",
+                           {"runs": [{"findings": [{"kind": "skipped_backward", "counts": True, "message": msg,
+                                                    "ranks": missing}], "params": []}]}, outdir)
+
+
 def _verdict(rc, report, text, what, outdir, binary):
     if rc == 0 and report is not None:
         return report
@@ -326,7 +344,27 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
     for i in range(accumulate):
         micro = _shard(shard, i, accumulate)
         with ddp.no_sync() if i < accumulate - 1 else contextlib.nullcontext():
-            (step(ddp, micro, rank, world) / accumulate).backward()
+            loss = step(ddp, micro, rank, world)
+            if i == accumulate - 1:
+                missing = _not_joining(loss, world)
+                if missing:
+                    return missing
+            if loss is not None:
+                (loss / accumulate).backward()
+    return []
+
+
+def _not_joining(loss, world):
+    """The ranks whose step returned no loss (None) for the synced backward: they would never join DDP's
+    all-reduce and the others would wait in it until the process group's timeout. Every rank learns which from
+    one small all_gather before the backward, so the call ends at once and names them."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([0 if loss is None else 1])
+    flags = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(flags, mine)
+    return [r for r, f in enumerate(flags) if not int(f.item())]
 
 
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
@@ -373,7 +411,13 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             fup = _find_unused(model, step, shard, rank, world, find_unused)
             ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=fup)
             cap = LocalGradCapture(ddp)
-            _accumulated_backward(ddp, step, shard, rank, world, accumulate)
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate)
+            if missing:
+                if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
+                    from .dump import safe_write
+
+                    safe_write(os.path.join(outdir, "skipped.json"), json.dumps(missing))
+                return
             cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
             dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
@@ -430,7 +474,7 @@ def _prepare_workdir(outdir):
     dfd = open_dir(outdir)
     try:   # by the descriptor open_dir checked: outdir swapped for a link meanwhile removes nothing elsewhere
         for n in os.listdir(dfd):
-            if n in _OUTPUTS or n.startswith("error-"):
+            if n in _OUTPUTS or n.startswith("error-") or n == "skipped.json":
                 if stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
                     shutil.rmtree(n, dir_fd=dfd)
                 else:
@@ -532,6 +576,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
                           "needs an `if __name__ == '__main__':` guard")
             shown = ", ".join(f"{n}: {'killed' if c is None else c}" for n, c in zip(names, codes))
             raise HarnessError(f"{what}: exit codes {shown}\n{errors}\n{_kept(outdir)}", outdir)
+        _skipped(outdir, what)
         # both stages in one check: the local dumps say which ranks gave no gradient before the all-reduce
         refs = [os.path.join(outdir, "ref.safetensors")]
         if references == 2:

@@ -257,3 +257,34 @@ def test_accumulate_should_refuse_what_is_not_a_count():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="accumulate"):
             check_ddp(make_mlp, step_mean, mlp_batch(), world=2, accumulate=bad)
+
+
+# ---- issue 38: a rank that skips the synced backward is a finding naming it, not a harness error after the timeout
+
+def step_skip_rank1(model, batch, rank, world):  # rank 1 has "no data" this step and skips its backward
+    return None if rank == 1 else step_mean(model, batch, rank, world)
+
+
+def step_raise_rank1(model, batch, rank, world):  # a rank that fails is a harness error, not this finding
+    if rank == 1:
+        raise RuntimeError("rank 1's data loader failed")
+    return step_mean(model, batch, rank, world)
+
+
+def test_a_rank_that_skips_the_backward_should_be_named_at_once():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_mlp, step_skip_rank1, mlp_batch(), world=2, timeout=120)
+    assert time.monotonic() - t0 < 60, "waited for the timeout"
+    assert "rank 1 never joined DDP's all-reduce" in str(e.value) and "every rank runs the synced backward" in str(e.value)
+    assert e.value.report["runs"][0]["findings"][0]["ranks"] == [1]
+
+
+def test_a_rank_that_raises_should_stay_a_harness_error():
+    from gradcheck_dist.harness import HarnessError
+
+    with pytest.raises(HarnessError) as e:
+        check_ddp(make_mlp, step_raise_rank1, mlp_batch(), world=2, timeout=120)
+    assert "never joined" not in str(e.value) and "data loader failed" in str(e.value)
