@@ -335,6 +335,44 @@ def _find_unused(model, step, shard, rank, world, setting):
     return bool(flag.item())
 
 
+STRATEGIES = ("ddp", "fsdp", "fsdp2")
+
+
+def _wrap(model, strategy, find_unused):
+    """The model under the data-parallel wrapper check_ddp's strategy= names."""
+    import torch
+
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP(model, use_orig_params=True, device_id=torch.device("cpu"))
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    fully_shard(model)
+    return model
+
+
+def _no_sync(wrapped):
+    """The wrapper's own way to skip gradient synchronisation for one backward."""
+    import contextlib
+
+    if hasattr(wrapped, "no_sync"):
+        return wrapped.no_sync()
+
+    @contextlib.contextmanager
+    def fsdp2():
+        wrapped.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+    return fsdp2()
+
+
 def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
     """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
     divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
@@ -343,7 +381,7 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
 
     for i in range(accumulate):
         micro = _shard(shard, i, accumulate)
-        with ddp.no_sync() if i < accumulate - 1 else contextlib.nullcontext():
+        with _no_sync(ddp) if i < accumulate - 1 else contextlib.nullcontext():
             loss = step(ddp, micro, rank, world)
             if i == accumulate - 1:
                 missing = _not_joining(loss, world)
@@ -368,7 +406,7 @@ def _not_joining(loss, world):
 
 
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
-                references=2, accumulate=1):
+                references=2, accumulate=1, strategy="ddp"):
     name = "ref" if rank is None else f"rank{rank}"
     try:
         if one_thread:
@@ -408,9 +446,9 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             torch.manual_seed(seed)
             model = make_model()
             shard = _shard(batch, rank, world)
-            fup = _find_unused(model, step, shard, rank, world, find_unused)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=fup)
-            cap = LocalGradCapture(ddp)
+            fup = _find_unused(model, step, shard, rank, world, find_unused) if strategy == "ddp" else False
+            ddp = _wrap(model, strategy, fup)
+            cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
             missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate)
             if missing:
                 if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
@@ -418,7 +456,8 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
 
                     safe_write(os.path.join(outdir, "skipped.json"), json.dumps(missing))
                 return
-            cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
+            if cap is not None:
+                cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
             dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
             dist.destroy_process_group()
@@ -499,7 +538,7 @@ def _end_procs(procs):
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
               start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2,
-              accumulate=1):
+              accumulate=1, strategy="ddp"):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -525,11 +564,15 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     accumulate=K: gradient accumulation: each rank's shard is split into K equal micro-batches, each loss divided
     by K, the first K-1 backward calls under DDP's no_sync() and the last synced; the reference is the objective,
     not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
+    strategy: the data-parallel wrapper: "ddp" (default; local dumps too), "fsdp" (FSDP1, use_orig_params=True)
+    or "fsdp2" (fully_shard on the whole model; torch >= 2.4): the reduced (sharded) dumps only.
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
     reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
     the exception names it.
     """
     _check_world(world)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
     if references not in (1, 2):
@@ -562,7 +605,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
         procs = [ctx.Process(target=_ddp_worker, daemon=True,
                              args=(r, world, payload, seed, outdir, initfile, timeout, precision,
-                                   find_unused_parameters, one_thread, references, accumulate)) for r in ranks]
+                                   find_unused_parameters, one_thread, references, accumulate, strategy)) for r in ranks]
         for p in procs:
             p.start()
         try:
@@ -581,7 +624,8 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         refs = [os.path.join(outdir, "ref.safetensors")]
         if references == 2:
             refs.append(os.path.join(outdir, "ref-permuted.safetensors"))
-        rc, report, text = run_check([os.path.join(outdir, "reduced"), os.path.join(outdir, "local")],
+        dumps = [os.path.join(outdir, "reduced")] + ([os.path.join(outdir, "local")] if strategy == "ddp" else [])
+        rc, report, text = run_check(dumps,
                                      ref=refs, ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, what, outdir, bin_path)

@@ -132,3 +132,38 @@ def test_check_should_name_the_wrapper_the_dumps_record(tmp_path, how, words):
     assert p.returncode == 0, out
     assert f"stage reduced: the dumps were written after {words}" in out, out
     assert "DDP" not in out, out
+
+
+# ---- issue 38: check_ddp(..., strategy="fsdp"|"fsdp2"), with accumulation, as docs/python.md writes it
+
+def make_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def step_mean(model, batch, rank, world):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+
+
+def step_sum(model, batch, rank, world):
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).sum()
+
+
+def mlp_batch():
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(16, 6, generator=g), torch.randn(16, generator=g)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_check_ddp_strategy_should_pass_a_right_step_and_name_its_wrapper(strategy):
+    from gradcheck_dist import GradcheckFailure, check_ddp
+
+    for k in (1, 2):
+        check_ddp(make_mlp, step_mean, mlp_batch(), world=2, strategy=strategy, accumulate=k)
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_mlp, step_sum, mlp_batch(), world=2, strategy=strategy)
+    run = e.value.report["runs"][0]
+    assert run["wrapper"] == strategy and "DDP" not in run["reduced_by"], run["reduced_by"]
+    assert all(p["status"] == "scaled" and abs(p["scale"] - 0.5) < 1e-4 for p in run["params"]), run["params"]
