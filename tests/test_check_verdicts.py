@@ -614,6 +614,30 @@ def nul_inside_header_strings_is_exit_2_named():
 # ----------------------------------------------------------------------------
 
 
+@case
+def noise_floor_tensors_are_not_called_x1_or_exact():
+    # issue 38 (1e): a tensor judged ok only within its measured noise (a true gradient of about zero) was
+    # listed "x1" beside a scale and "match the reference (max relative error 0)" in the report that called
+    # it noise: neither was measured. Now it is named only as noise.
+    d = fresh("noise_floor_words")
+    ref = {"body.weight": rnd(32, 16), "head.weight": rnd(8, 16), "norm.bias": rnd(16, scale=1e-9)}
+    ref2 = dict(ref, **{"norm.bias": (ref["norm.bias"] + rnd(16, scale=1e-9)).astype(np.float32)})
+    ranks = {"body.weight": (0.5 * ref["body.weight"]).astype(np.float32), "head.weight": (ref["head.weight"] * (1 + 1e-7 * R.standard_normal((8, 16)))).astype(np.float32),
+             "norm.bias": (ref["norm.bias"] + rnd(16, scale=1e-9)).astype(np.float32)}
+    refp = world_of(d, [ranks] * 2, ref, ref2=ref2)
+    text, rep = expect([d, "--ref", refp, "--ref", f"{d}.ref2.safetensors"], 1, "x0.5", "measured noise", report=True)
+    st = status(rep)
+    need(st == {"body.weight": "scaled", "head.weight": "ok", "norm.bias": "ok"}, f"statuses {st}")
+    need(params(rep)["norm.bias"]["tol_source"] == "measured", f"norm.bias {params(rep)['norm.bias']}")
+    msg = finding(rep, "scaled")["message"]
+    need("head.weight is x1" in msg and "norm.bias" not in msg, f"the scale's x1 names the noise: {msg}")
+    need("max relative error 0)" not in text, f"noise called exact: {text}")
+    d2 = fresh("noise_floor_only")   # every ok tensor at the noise floor: no "match the reference" line at all
+    refp = world_of(d2, [{"norm.bias": ranks["norm.bias"]}] * 2, {"norm.bias": ref["norm.bias"]}, ref2={"norm.bias": ref2["norm.bias"]})
+    text, rep = expect([d2, "--ref", refp, "--ref", f"{d2}.ref2.safetensors"], 0, "measured noise", report=True)
+    need("matches the single-process reference" not in text and "max relative error" not in text, f"noise called exact: {text}")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: test_check_verdicts.py GRADCHECK_DIST")

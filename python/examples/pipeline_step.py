@@ -80,7 +80,8 @@ def rank_main(rank, a, initfile):
         h.requires_grad_(True)
         F.mse_loss(wrapped(h).squeeze(-1), y).backward()
         dist.send(h.grad.contiguous(), rank - 1)
-    dump_grads(model, os.path.join(a.out, f"stage{stage}", f"rank{dp}.safetensors"), rank=dp, world=2)
+    dump_grads(model, os.path.join(a.out, f"stage{stage}", f"rank{dp}.safetensors"), rank=dp, world=2,
+               extra_metadata={"gradcheck.wrapper": "pipeline"})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -219,6 +219,22 @@ def _tracked(model):
     return unwrap(model).__dict__.get("_gradcheck_tracker")
 
 
+def _wrapper_name(model):
+    """gradcheck.wrapper: what reduces the model's gradients, as check names it in its verdict ("ddp", "fsdp",
+    "fsdp2"; None: none of these; a pipeline's step passes extra_metadata={"gradcheck.wrapper": "pipeline"})."""
+    if model is None or not hasattr(model, "modules"):
+        return None
+    for m in model.modules():
+        names = {c.__name__ for c in type(m).__mro__}
+        if "DistributedDataParallel" in names:
+            return "ddp"
+        if "FullyShardedDataParallel" in names:
+            return "fsdp"
+        if "FSDPModule" in names:
+            return "fsdp2"
+    return None
+
+
 def _tracker_metadata(model, names):
     """gradcheck.ran/.nondeterministic/.batchnorm from the model's tracker (empty when untracked: unknown), and
     marks the record dumped: the next forward starts a new one."""
@@ -659,6 +675,9 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
     meta = {"gradcheck.format": FORMAT, "gradcheck.rank": str(rank), "gradcheck.world": str(world),
             "gradcheck.stage": stage, "gradcheck.params": json.dumps(list(params)), "gradcheck.precision": prec}
     meta.update(_tracker_metadata(model, params))
+    wrapper = _wrapper_name(model)
+    if wrapper:
+        meta["gradcheck.wrapper"] = wrapper
     shards = {n: s for n, s in (shards or {}).items() if n in tensors}
     from .layout import check_entry
 

@@ -190,6 +190,24 @@ def _kept(outdir):
     return f"kept in {outdir}" + (f" ({', '.join(names + errs)})" if names or errs else "")
 
 
+def _skipped(outdir, what):
+    """A finding (GradcheckFailure, as exit 1), not a harness error: the ranks whose step returned no loss for the
+    synced backward (skipped.json, written by the first rank that joined)."""
+    path = os.path.join(outdir, "skipped.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        missing = json.load(f)
+    who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+    msg = (f"{who} never joined DDP's all-reduce: the step returned no loss there, so it skipped the synced "
+           f"backward; in training the other ranks wait in the all-reduce until the process group's timeout (a hang), "
+           f"or pair it with another step's. Fix: every rank runs the synced backward every step (a rank without "
+           f"data: a loss of zero that still reaches every parameter, e.g. sum(p.sum() for p in model.parameters()) * 0)")
+    raise GradcheckFailure(f"{what}: {msg}\n{_kept(outdir)}",
+                           {"runs": [{"findings": [{"kind": "skipped_backward", "counts": True, "message": msg,
+                                                    "ranks": missing}], "params": []}]}, outdir)
+
+
 def _verdict(rc, report, text, what, outdir, binary):
     if rc == 0 and report is not None:
         return report
@@ -317,8 +335,78 @@ def _find_unused(model, step, shard, rank, world, setting):
     return bool(flag.item())
 
 
+STRATEGIES = ("ddp", "fsdp", "fsdp2")
+
+
+def _wrap(model, strategy, find_unused):
+    """The model under the data-parallel wrapper check_ddp's strategy= names."""
+    import torch
+
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=find_unused)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP(model, use_orig_params=True, device_id=torch.device("cpu"))
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    fully_shard(model)
+    return model
+
+
+def _no_sync(wrapped):
+    """The wrapper's own way to skip gradient synchronisation for one backward."""
+    import contextlib
+
+    if hasattr(wrapped, "no_sync"):
+        return wrapped.no_sync()
+
+    @contextlib.contextmanager
+    def fsdp2():
+        wrapped.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+    return fsdp2()
+
+
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
+    """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
+    divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
+    reads it there), the last synced."""
+    import contextlib
+
+    for i in range(accumulate):
+        micro = _shard(shard, i, accumulate)
+        with _no_sync(ddp) if i < accumulate - 1 else contextlib.nullcontext():
+            loss = step(ddp, micro, rank, world)
+            if i == accumulate - 1:
+                missing = _not_joining(loss, world)
+                if missing:
+                    return missing
+            if loss is not None:
+                (loss / accumulate).backward()
+    return []
+
+
+def _not_joining(loss, world):
+    """The ranks whose step returned no loss (None) for the synced backward: they would never join DDP's
+    all-reduce and the others would wait in it until the process group's timeout. Every rank learns which from
+    one small all_gather before the backward, so the call ends at once and names them."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([0 if loss is None else 1])
+    flags = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(flags, mine)
+    return [r for r, f in enumerate(flags) if not int(f.item())]
+
+
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
-                references=2):
+                references=2, accumulate=1, strategy="ddp"):
     name = "ref" if rank is None else f"rank{rank}"
     try:
         if one_thread:
@@ -358,11 +446,18 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             torch.manual_seed(seed)
             model = make_model()
             shard = _shard(batch, rank, world)
-            fup = _find_unused(model, step, shard, rank, world, find_unused)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=fup)
-            cap = LocalGradCapture(ddp)
-            step(ddp, shard, rank, world).backward()
-            cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
+            fup = _find_unused(model, step, shard, rank, world, find_unused) if strategy == "ddp" else False
+            ddp = _wrap(model, strategy, fup)
+            cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate)
+            if missing:
+                if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
+                    from .dump import safe_write
+
+                    safe_write(os.path.join(outdir, "skipped.json"), json.dumps(missing))
+                return
+            if cap is not None:
+                cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
             dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
             dist.destroy_process_group()
@@ -418,7 +513,7 @@ def _prepare_workdir(outdir):
     dfd = open_dir(outdir)
     try:   # by the descriptor open_dir checked: outdir swapped for a link meanwhile removes nothing elsewhere
         for n in os.listdir(dfd):
-            if n in _OUTPUTS or n.startswith("error-"):
+            if n in _OUTPUTS or n.startswith("error-") or n == "skipped.json":
                 if stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
                     shutil.rmtree(n, dir_fd=dfd)
                 else:
@@ -442,7 +537,8 @@ def _end_procs(procs):
 
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
-              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2):
+              start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2,
+              accumulate=1, strategy="ddp"):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -465,11 +561,20 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     depend on the rows' order; what the two disagree by is each tensor's own rounding noise, which `check --ref A
     --ref B` measures. references=1: the reference once (a step whose loss depends on the row order). A batch
     whose tensors cannot be permuted alike (rows of different counts) falls back to one reference, with a warning.
+    accumulate=K: gradient accumulation: each rank's shard is split into K equal micro-batches, each loss divided
+    by K, the first K-1 backward calls under DDP's no_sync() and the last synced; the reference is the objective,
+    not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
+    strategy: the data-parallel wrapper: "ddp" (default; local dumps too), "fsdp" (FSDP1, use_orig_params=True)
+    or "fsdp2" (fully_shard on the whole model; torch >= 2.4): the reduced (sharded) dumps only.
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
     reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
     the exception names it.
     """
     _check_world(world)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
     if references not in (1, 2):
         raise ValueError(f"references must be 1 or 2, not {references!r}")
     if references == 2:   # a batch whose rows cannot be permuted alike: one reference, said (check may say undecided)
@@ -500,7 +605,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
         procs = [ctx.Process(target=_ddp_worker, daemon=True,
                              args=(r, world, payload, seed, outdir, initfile, timeout, precision,
-                                   find_unused_parameters, one_thread, references)) for r in ranks]
+                                   find_unused_parameters, one_thread, references, accumulate, strategy)) for r in ranks]
         for p in procs:
             p.start()
         try:
@@ -514,11 +619,13 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
                           "needs an `if __name__ == '__main__':` guard")
             shown = ", ".join(f"{n}: {'killed' if c is None else c}" for n, c in zip(names, codes))
             raise HarnessError(f"{what}: exit codes {shown}\n{errors}\n{_kept(outdir)}", outdir)
+        _skipped(outdir, what)
         # both stages in one check: the local dumps say which ranks gave no gradient before the all-reduce
         refs = [os.path.join(outdir, "ref.safetensors")]
         if references == 2:
             refs.append(os.path.join(outdir, "ref-permuted.safetensors"))
-        rc, report, text = run_check([os.path.join(outdir, "reduced"), os.path.join(outdir, "local")],
+        dumps = [os.path.join(outdir, "reduced")] + ([os.path.join(outdir, "local")] if strategy == "ddp" else [])
+        rc, report, text = run_check(dumps,
                                      ref=refs, ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, what, outdir, bin_path)

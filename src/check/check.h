@@ -39,6 +39,8 @@ typedef struct {
     double tol, tol_default;    // in force for the loosest tensor; what the precision and the dtypes give it
     double *ptol;               // (nparams) each tensor's claimed tolerance: its dtypes' and the recorded precision's
     char tol_reason[80];        // where tol_default comes from when the dumps name a precision, else ""
+    const char *wrapper;        // gradcheck.wrapper of the judged rank 0 ("ddp", "fsdp2", ...); "sharded" where it records
+                                // only shards (gradcheck.shards without gradcheck.mesh); else NULL
     const char *precision;      // the precision every file records (gradcheck.precision, canonical), or NULL
     char **ran;                 // (nran) sorted: parameters whose module ran in the forward (gradcheck.ran of any file)
     int nran;

@@ -227,6 +227,10 @@ static void take_files(gcd_check_set *set, dump_list *d, int rc) {
     for (int k = 0; !rc && d->two_stages && k < set->world; k++)
         set->local[k] = d->files[d->owner[W + k]], d->files[d->owner[W + k]].fd = -1, d->files[d->owner[W + k]].path = NULL;
     if (!rc && d->two_stages) set->stage = gcd_st_meta(&set->rank[0], "gradcheck.stage");   // the string now lives in set->rank
+    if (!rc && set->world) {   // what reduced the gradients, as rank 0 records it (docs/dumps.md)
+        set->wrapper = gcd_st_meta(&set->rank[0], "gradcheck.wrapper");
+        if (!set->wrapper && gcd_st_meta(&set->rank[0], "gradcheck.shards") && !gcd_st_meta(&set->rank[0], "gradcheck.mesh")) set->wrapper = "sharded";
+    }
     if (set->params) d->params[d->judged] = NULL;   // kept as set->params
     for (int i = 0; i < d->n; i++) {
         if (d->files[i].path) gcd_st_close(&d->files[i]);

@@ -12,6 +12,7 @@
 #include <xxh_x86dispatch.h>   // XXH3_128bits_update: AVX2 or AVX-512 where the CPU has it (chosen at run time)
 #endif
 #include "check/internal.h"
+#include "diagnose/findings.h"
 #include "diagnose/verdict.h"
 
 #define CHUNK 4096   // elements per rank converted to float64 at a time: three such buffers stay in L2
@@ -353,7 +354,8 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->no_ref = !set->has_ref;
     res->nref = set->has_ref + set->has_ref2;
     res->tol_given = o->tol > 0;
-    res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm;
+    res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
+    res->reduced_by = gcd_reducer_words(set->wrapper);
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {

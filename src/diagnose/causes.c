@@ -67,8 +67,8 @@ void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
         int missing = W - p->local_nhave;
         gcd_sb_printf(m, "%s %s no gradient on rank%s ", who.s, gcd_plural(n, "gets", "get"), gcd_plural(missing, "", "s"));
         gcd_ranks_list(m, p->local_has, 0, W);
-        gcd_sb_printf(m, " before DDP's all-reduce (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
-                      gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
+        gcd_sb_printf(m, " before %s (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
+                      gcd_reducer_words(res->wrapper), gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
         if (ok == n) {   // what the reference computes too (it skips them there as well): a note
             gcd_sb_printf(m, "and the result still matches the single-process reference");
             gcd_finding_emit(res, "note", 0, ids, m);
@@ -119,7 +119,11 @@ static int same_scale(const gcd_param_result *q, const void *arg) {
     return s->pick(q, NULL) && gcd_same_shown(q->scale, s->p->scale, fmax(q->allowed, s->p->allowed));
 }
 
-static int is_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && !p->explained; }
+// x1 only where that was measured: a tensor ok only within its measured noise (about zero) shows no scale
+static int is_ok(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_OK && !p->explained && p->tol_source != GCD_TOL_MEASURED;
+}
 
 void gcd_cause_scaled(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     gcd_run_result *res = v->res;

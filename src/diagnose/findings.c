@@ -106,6 +106,17 @@ int gcd_names_words(const gcd_verdict_ctx *v, gcd_pick_fn pick, const void *arg,
     return n;
 }
 
+const char *gcd_reducer_words(const char *wrapper) {
+    static const char *const words[][2] = { { "ddp", "DDP's all-reduce" }, { "fsdp", "FSDP's reduce-scatter" },
+                                            { "fsdp2", "FSDP2's reduce-scatter (fully_shard)" },
+                                            { "pipeline", "the pipeline's data-parallel all-reduce" },
+                                            { "sharded", "the sharded wrapper's reduce-scatter" } };
+    if (!wrapper) return words[0][1];
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (!strcmp(wrapper, words[i][0])) return words[i][1];
+    return "the wrapper's gradient reduction";
+}
+
 const char *gcd_plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
 
 void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {

@@ -27,6 +27,9 @@ int gcd_names_words(const gcd_verdict_ctx *v, gcd_pick_fn pick, const void *arg,
 // [*lo, *hi): the run of names sorted in v->by_name that start with the k bytes of prefix
 void gcd_names_prefix_run(const gcd_verdict_ctx *v, const char *prefix, size_t k, int *lo, int *hi);
 const char *gcd_plural(int n, const char *one, const char *many);
+// "DDP's all-reduce", "FSDP2's reduce-scatter", ...: the step that reduced the gradients, from what the dumps
+// record (gradcheck.wrapper; NULL: DDP's, as before the dumps recorded it)
+const char *gcd_reducer_words(const char *wrapper);
 
 // appends a finding to res that takes over the strings of msg and ids (ids NULL: no parameters)
 void gcd_finding_emit(gcd_run_result *res, const char *kind, int counts, gcd_sb *ids, gcd_sb *msg);

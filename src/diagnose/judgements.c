@@ -106,7 +106,11 @@ static int is_disagree(const gcd_param_result *p, const void *arg) { (void)arg; 
 static int tp_copies(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split == 2; }
 STATUS_PICK(is_scaled, GCD_ST_SCALED)
 STATUS_PICK(is_undecided, GCD_ST_UNDECIDED)
-STATUS_PICK(is_ok, GCD_ST_OK)
+// ok by its own tolerance; those ok only within their measured noise are measured_ok's (their error says nothing)
+static int is_ok(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_OK && !p->explained && p->tol_source != GCD_TOL_MEASURED;
+}
 STATUS_PICK(is_present, GCD_ST_PRESENT)
 
 static int many_mismatches(const gcd_verdict_ctx *v) { return gcd_names_count(v->res, grouped_mismatch, NULL) > GCD_MISMATCH_GROUPS; }
@@ -199,8 +203,8 @@ static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *
     const gcd_param_result *worst = NULL;
     for (int i = 0; i < res->nparam; i++)
         if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
-    gcd_sb_printf(m, "%s %s different gradients on different ranks after DDP's all-reduce, where every rank must hold the same: ", j->names,
-                  gcd_plural(j->n, "holds", "hold"));
+    gcd_sb_printf(m, "%s %s different gradients on different ranks after %s, where every rank must hold the same: ", j->names,
+                  gcd_plural(j->n, "holds", "hold"), gcd_reducer_words(res->wrapper));
     if (j->n > 1) gcd_sb_printf(m, "%s differs most, ", worst->name);
     gcd_sb_printf(m, "by up to %.3g (relative %.3g) between rank %d and rank", worst->max_diff, worst->diff_rel,
                   worst->diff_base >= 0 ? worst->diff_base : worst->first);
@@ -289,7 +293,7 @@ static void say_ok(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd
     const gcd_run_result *res = v->res;
     double worst = 0;
     for (int i = 0; i < res->nparam; i++)
-        if (res->param[i].status == GCD_ST_OK && res->param[i].tol_source != GCD_TOL_MEASURED && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
+        if (is_ok(&res->param[i], NULL) && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
     if (j->n == res->nparam) gcd_sb_printf(m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
     else gcd_sb_printf(m, "%s %s the reference (max relative error %.2g)", j->names, gcd_plural(j->n, "matches", "match"), worst);
 }

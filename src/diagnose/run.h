@@ -111,6 +111,8 @@ typedef struct {
     int nref;                         // check: references given (0, 1 or 2)
     const char *nondeterministic;     // check: the layers the dumps say drew random numbers (gradcheck.nondeterministic), or NULL
     const char *batchnorm;            // check: plain BatchNorm layers in training mode (gradcheck.batchnorm), or NULL
+    const char *wrapper;              // check: what reduced the gradients, as the dumps record it (gradcheck.wrapper), or NULL
+    const char *reduced_by;           // check: that step in words (gcd_reducer_words), or NULL outside check
     double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
     gcd_probe_cfg cfg;
     int nparam;

@@ -323,6 +323,8 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
     put(r, "probe", cJSON_CreateString("check"));
     put(r, "mode", cJSON_CreateString(set->stage));
     put(r, "stage", cJSON_CreateString(set->stage));
+    put(r, "wrapper", str_or_null(set->wrapper));
+    put(r, "reduced_by", str_or_null(res->reduced_by));
     put(r, "role", cJSON_CreateString("test"));
     put(r, "world", cJSON_CreateNumber(set->world));
     put(r, "tolerance", num(set->tol));

@@ -388,11 +388,14 @@ static void group_table(gcd_sb *b, const cJSON *runs, const int *group, int g, i
         }
     }
     int reduced = check && strcmp(gcd_jstr(cols[0], "stage"), "local");
-    char norm[128];
+    char norm[192];
+    const char *by = gcd_jstr(cols[0], "reduced_by");   // the wrapper the dumps record; DDP where they record none
     if (!L.norms) snprintf(norm, sizeof norm, "|g| left out at this width (COLUMNS=%d shows it);", L.need);
-    else snprintf(norm, sizeof norm, "|g|: L2 norm of %s;", !check     ? "the DDP-mean gradient"
-                                                           : !reduced ? "the DDP mean of the ranks' local gradients (None as zeros)"
-                                                                      : "the gradient every rank holds after DDP");
+    else if (!check || !reduced || !*by || !strcmp(by, "DDP's all-reduce"))
+        snprintf(norm, sizeof norm, "|g|: L2 norm of %s;", !check     ? "the DDP-mean gradient"
+                                                          : !reduced ? "the DDP mean of the ranks' local gradients (None as zeros)"
+                                                                     : "the gradient every rank holds after DDP");
+    else snprintf(norm, sizeof norm, "|g|: L2 norm of the gradient the ranks hold after %s;", by);
     snprintf(line, sizeof line, "%s%s xC: g = C * reference; cos: cosine to the reference", norm,
              reduced ? " ranks R: the ranks' largest relative difference;" : "");
     wrap(b, width, "  ", line);
@@ -511,12 +514,16 @@ static char *render_text(const cJSON *doc, int width) {
         wrap(&b, width, "", line);
         gcd_sb_printf(&b, "\n");
     }
-    const char *stage = gcd_jstr(r0, "stage");
+    const char *stage = gcd_jstr(r0, "stage"), *by = gcd_jstr(r0, "reduced_by");
+    char key_reduced[160], key_local[200];   // the step the dumps record (DDP's all-reduce where they record none)
+    if (!by || !*by) by = "DDP's all-reduce";
+    snprintf(key_reduced, sizeof key_reduced, "! a finding; - a note; stage reduced: the dumps were written after %s", by);
+    snprintf(key_local, sizeof key_local, "! a finding; - a note; stage local: the dumps were written before %s, averaged here as %s does", by,
+             !strcmp(by, "DDP's all-reduce") ? "DDP" : "it");
     if (ng) wrap(&b, width, "key: ", !check ? "! a finding; - a note; (test) the configuration under test, which must show no finding; "
                                               "(control) a configuration known to drop or scale gradients, which the tool must catch"
-                                     : !strcmp(stage, "reduced") ? "! a finding; - a note; stage reduced: the dumps were written after DDP's all-reduce"
-                                     : !strcmp(stage, "local") ? "! a finding; - a note; stage local: the dumps were written before DDP's all-reduce, "
-                                                                 "averaged here as DDP does"
+                                     : !strcmp(stage, "reduced") ? key_reduced
+                                     : !strcmp(stage, "local") ? key_local
                                                                : "! a finding; - a note");
     const cJSON *e;
     int shown = 0;   // check: the findings above are the whole verdict

@@ -218,3 +218,73 @@ def test_snippet_should_name_both_recipes():
 def test_spawned_ranks_should_work_too():
     report = check_ddp(make_clip, step_grad, batch_for(2), world=2, start_method="spawn")
     assert set(statuses(report).values()) == {"ok"}, statuses(report)
+
+
+# ---- issue 38: gradient accumulation (check_ddp(..., accumulate=K)), as docs/python.md writes it
+
+def make_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def step_mean(model, batch, rank, world):  # one micro-batch's loss: a mean over its rows
+    x, y = batch
+    return F.mse_loss(model(x).squeeze(-1), y)
+
+
+def step_sum(model, batch, rank, world):  # summed over rows: the reference sums the whole batch
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).sum()
+
+
+def mlp_batch():
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(16, 6, generator=g), torch.randn(16, generator=g)
+
+
+def test_accumulate_should_pass_a_mean_loss_over_micro_batches():
+    out = check_ddp(make_mlp, step_mean, mlp_batch(), world=2, accumulate=2)
+    assert out is not None
+
+
+def test_accumulate_should_show_a_summed_loss_divided_by_world_and_k():
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_mlp, step_sum, mlp_batch(), world=2, accumulate=2)
+    scales = [p["scale"] for p in e.value.report["runs"][0]["params"]]
+    assert all(abs(c - 0.25) < 1e-4 for c in scales), scales   # 1/(world x K): the micro-batches' 1/K too
+
+
+def test_accumulate_should_refuse_what_is_not_a_count():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="accumulate"):
+            check_ddp(make_mlp, step_mean, mlp_batch(), world=2, accumulate=bad)
+
+
+# ---- issue 38: a rank that skips the synced backward is a finding naming it, not a harness error after the timeout
+
+def step_skip_rank1(model, batch, rank, world):  # rank 1 has "no data" this step and skips its backward
+    return None if rank == 1 else step_mean(model, batch, rank, world)
+
+
+def step_raise_rank1(model, batch, rank, world):  # a rank that fails is a harness error, not this finding
+    if rank == 1:
+        raise RuntimeError("rank 1's data loader failed")
+    return step_mean(model, batch, rank, world)
+
+
+def test_a_rank_that_skips_the_backward_should_be_named_at_once():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_mlp, step_skip_rank1, mlp_batch(), world=2, timeout=120)
+    assert time.monotonic() - t0 < 60, "waited for the timeout"
+    assert "rank 1 never joined DDP's all-reduce" in str(e.value) and "every rank runs the synced backward" in str(e.value)
+    assert e.value.report["runs"][0]["findings"][0]["ranks"] == [1]
+
+
+def test_a_rank_that_raises_should_stay_a_harness_error():
+    from gradcheck_dist.harness import HarnessError
+
+    with pytest.raises(HarnessError) as e:
+        check_ddp(make_mlp, step_raise_rank1, mlp_batch(), world=2, timeout=120)
+    assert "never joined" not in str(e.value) and "data loader failed" in str(e.value)

@@ -107,3 +107,63 @@ def test_fsdp_shards_should_assemble_to_the_reference(tmp_path, how):
     for n, p in ref.named_parameters():
         assert full[n].reshape(p.shape).shape == p.grad.shape, n
         assert torch.allclose(full[n].reshape(p.shape), p.grad, rtol=1e-5, atol=1e-7), (n, full[n], p.grad)
+
+
+@pytest.mark.parametrize("how,words", [("fsdp2", "FSDP2's reduce-scatter"), ("fsdp1", "FSDP's reduce-scatter")])
+def test_check_should_name_the_wrapper_the_dumps_record(tmp_path, how, words):
+    # issue 38 (1f): check's header said "after DDP's all-reduce" for FSDP dumps, where no DDP ran
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_worker, args=(how, str(tmp_path), port), nprocs=WORLD, start_method="spawn")
+    torch.manual_seed(0)
+    ref = Net()
+    ref(batch()).backward()
+    dump_grads(ref, str(tmp_path / "ref.safetensors"), rank=0, world=1)
+    paths = [str(tmp_path / f"rank{r}.safetensors") for r in range(WORLD)]
+    assert read_dump(paths[0])[1]["gradcheck.wrapper"] == how.rstrip("1")
+    assert "gradcheck.wrapper" not in read_dump(str(tmp_path / "ref.safetensors"))[1]   # a plain model records none
+    p = subprocess.run([os.environ["GRADCHECK_DIST"], "check", *paths, "--ref", str(tmp_path / "ref.safetensors"), "--no-json"],
+                       capture_output=True, text=True, timeout=120)
+    out = " ".join((p.stdout + p.stderr).split())   # the text report wraps at 80 columns
+    assert p.returncode == 0, out
+    assert f"stage reduced: the dumps were written after {words}" in out, out
+    assert "DDP" not in out, out
+
+
+# ---- issue 38: check_ddp(..., strategy="fsdp"|"fsdp2"), with accumulation, as docs/python.md writes it
+
+def make_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def step_mean(model, batch, rank, world):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+
+
+def step_sum(model, batch, rank, world):
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).sum()
+
+
+def mlp_batch():
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(16, 6, generator=g), torch.randn(16, generator=g)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_check_ddp_strategy_should_pass_a_right_step_and_name_its_wrapper(strategy):
+    from gradcheck_dist import GradcheckFailure, check_ddp
+
+    for k in (1, 2):
+        check_ddp(make_mlp, step_mean, mlp_batch(), world=2, strategy=strategy, accumulate=k)
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_mlp, step_sum, mlp_batch(), world=2, strategy=strategy)
+    run = e.value.report["runs"][0]
+    assert run["wrapper"] == strategy and "DDP" not in run["reduced_by"], run["reduced_by"]
+    assert all(p["status"] == "scaled" and abs(p["scale"] - 0.5) < 1e-4 for p in run["params"]), run["params"]

@@ -739,6 +739,8 @@ def test_pipeline_recipe_should_run_as_written(tmp_path):
         assert p.returncode == (int(want.group(1)) if want else 0), (line, p.returncode, (p.stdout + p.stderr)[-3000:])
         if "bug/stage0" in line:
             assert "different gradients on different ranks" in p.stdout or "disagree" in p.stdout, p.stdout[-3000:]
+            # issue 38 (1f): the dumps record the pipeline (gradcheck.wrapper), and check names it, not DDP
+            assert "after the pipeline's data-parallel all-reduce" in " ".join(p.stdout.split()), p.stdout[-3000:]
 
 
 # ---- the tracker itself (in process, no ranks)
