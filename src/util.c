@@ -12,6 +12,7 @@
 // ----------------------------------------------------------------------------
 // fatal errors
 
+// process-wide: a fatal error ends the whole job from wherever it is raised, without a context to pass
 static int fatal_rank = -1;
 static void (*fatal_abort)(int code);
 static void (*fatal_hook)(const char *message);

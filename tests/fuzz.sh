@@ -28,8 +28,8 @@ command -v "$cc" >/dev/null || fail "no $cc: apt-get install clang libclang-rt-1
 cjson=$(pkg-config --cflags --libs libcjson) || fail "no libcjson (pkg-config): apt-get install libcjson-dev"
 
 case $target in
-    safetensors) sources=("$root/src/check/safetensors.c") ;;
-    report) sources=("$root/src/report/report_io.c" "$root/src/report/report_text.c" "$root/src/report/report_md.c" "$root/src/report/report_junit.c") ;;
+    safetensors) sources=("$root/src/check/safetensors.c" "$root/src/check/f16.c") ;;
+    report) sources=("$root/src/report/report_load.c" "$root/src/report/report_print.c" "$root/src/report/report_text.c" "$root/src/report/report_md.c" "$root/src/report/report_junit.c") ;;
     *) fail "unknown target '$target': safetensors or report" ;;
 esac
 exe=$build/fuzz_$target

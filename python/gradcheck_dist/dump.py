@@ -475,7 +475,7 @@ def _trusted_dir(st):
 
 def open_dir(d, create=True):
     """A descriptor of directory d, walked one name at a time from / as the C side walks a report's path
-    (src/report/report_io.c): a link is followed only when nobody else could have planted it (owned by this
+    (src/report/report_output.c): a link is followed only when nobody else could have planted it (owned by this
     user or root, in a directory no other user controls); a name that is not a directory, or a link another
     user could have planted, is refused (DumpPathError, naming both). Missing directories are made (create)."""
     d = os.path.abspath(os.fspath(d))

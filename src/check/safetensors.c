@@ -162,6 +162,57 @@ static int meta_twice(const gcd_st_file *f, const char *path, char *err, size_t 
     return rc;
 }
 
+// __metadata__: an object of strings, each key once
+static int read_metadata(gcd_st_file *f, const cJSON *v, const char *path, char *err, size_t len) {
+    if (!cJSON_IsObject(v)) return fail(err, len, path, NULL, "__metadata__ is not an object");
+    int m = cJSON_GetArraySize(v);
+    f->meta_key = gcd_malloc((size_t)(m ? m : 1) * sizeof(char *));
+    f->meta_val = gcd_malloc((size_t)(m ? m : 1) * sizeof(char *));
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, v) {
+        if (!cJSON_IsString(kv)) return fail(err, len, path, NULL, "metadata value of '%.80s' is not a string", kv->string);
+        f->meta_key[f->nmeta] = gcd_strdup(kv->string);
+        f->meta_val[f->nmeta++] = gcd_strdup(kv->valuestring);
+    }
+    return meta_twice(f, path, err, len);   // sorted once: a lookup per key was quadratic (100,000 keys: 34 s)
+}
+
+// names are unique (f->by_name: the tensors sorted by name)
+static int names_unique(gcd_st_file *f, const char *path, char *err, size_t len) {
+    gcd_st_tensor **sorted = f->by_name = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *sorted);
+    for (int i = 0; i < f->ntensor; i++) sorted[i] = &f->tensor[i];
+    qsort(sorted, (size_t)f->ntensor, sizeof *sorted, by_name);
+    for (int i = 1; i < f->ntensor; i++)
+        if (!strcmp(sorted[i]->name, sorted[i - 1]->name)) return fail(err, len, path, sorted[i]->name, "appears twice in the header");
+    return 0;
+}
+
+// the tensors tile the data exactly: sorted by begin, each starts where the last ended
+static int data_tiled(const gcd_st_file *f, const char *path, char *err, size_t len) {
+    gcd_st_tensor **at = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *at);
+    for (int i = 0; i < f->ntensor; i++) at[i] = &f->tensor[i];
+    qsort(at, (size_t)f->ntensor, sizeof *at, by_begin);
+    uint64_t pos = 0, data = f->size - f->data_start;
+    int rc = 0;
+    for (int i = 0; i < f->ntensor && !rc; i++) {
+        const gcd_st_tensor *t = at[i];
+        if (t->begin < pos)
+            rc = fail(err, len, path, t->name, "data_offsets [%llu, %llu] overlap the previous tensor (which ends at %llu)",
+                      (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)pos);
+        else if (t->begin > pos)
+            rc = fail(err, len, path, t->name, "data_offsets [%llu, %llu] leave a hole of %llu bytes before it", (unsigned long long)t->begin,
+                      (unsigned long long)t->end, (unsigned long long)(t->begin - pos));
+        else if (t->end > data)
+            rc = fail(err, len, path, t->name, "data_offsets [%llu, %llu] go past the end of the data (%llu bytes): truncated?",
+                      (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data);
+        pos = t->end;
+    }
+    free(at);
+    if (!rc && pos != data)
+        rc = fail(err, len, path, NULL, "%llu bytes after the last tensor's data are not described by the header", (unsigned long long)(data - pos));
+    return rc;
+}
+
 int gcd_st_parse(gcd_st_file *f, const unsigned char *buf, uint64_t avail, uint64_t file_size, char *err, size_t len) {
     const char *path = f->path;
     uint64_t n;
@@ -204,60 +255,14 @@ int gcd_st_parse(gcd_st_file *f, const unsigned char *buf, uint64_t avail, uint6
     cJSON_ArrayForEach(v, doc) {
         if (!strcmp(v->string, "__metadata__")) {
             if (seen_meta++) { fail(err, len, path, NULL, "__metadata__ appears twice"); goto out; }
-            if (!cJSON_IsObject(v)) { fail(err, len, path, NULL, "__metadata__ is not an object"); goto out; }
-            int m = cJSON_GetArraySize(v);
-            f->meta_key = gcd_malloc((size_t)(m ? m : 1) * sizeof(char *));
-            f->meta_val = gcd_malloc((size_t)(m ? m : 1) * sizeof(char *));
-            const cJSON *kv;
-            cJSON_ArrayForEach(kv, v) {
-                if (!cJSON_IsString(kv)) { fail(err, len, path, NULL, "metadata value of '%.80s' is not a string", kv->string); goto out; }
-                f->meta_key[f->nmeta] = gcd_strdup(kv->string);
-                f->meta_val[f->nmeta++] = gcd_strdup(kv->valuestring);
-            }
-            if (meta_twice(f, path, err, len)) goto out;   // sorted once: a lookup per key was quadratic (100,000 keys: 34 s)
+            if (read_metadata(f, v, path, err, len)) goto out;
             continue;
         }
         gcd_st_tensor *t = &f->tensor[f->ntensor++];
         t->name = gcd_strdup(v->string);
         if (tensor_entry(t, v, path, err, len)) goto out;
     }
-    // names are unique
-    gcd_st_tensor **sorted = f->by_name = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *sorted);
-    for (int i = 0; i < f->ntensor; i++) sorted[i] = &f->tensor[i];
-    qsort(sorted, (size_t)f->ntensor, sizeof *sorted, by_name);
-    for (int i = 1; i < f->ntensor; i++)
-        if (!strcmp(sorted[i]->name, sorted[i - 1]->name)) {
-            fail(err, len, path, sorted[i]->name, "appears twice in the header");
-            goto out;
-        }
-    // the tensors tile the data exactly: sorted by begin, each starts where the last ended
-    gcd_st_tensor **at = gcd_malloc((size_t)(f->ntensor ? f->ntensor : 1) * sizeof *at);
-    for (int i = 0; i < f->ntensor; i++) at[i] = &f->tensor[i];
-    qsort(at, (size_t)f->ntensor, sizeof *at, by_begin);
-    uint64_t pos = 0, data = file_size - f->data_start;
-    for (int i = 0; i < f->ntensor; i++) {
-        const gcd_st_tensor *t = at[i];
-        if (t->begin != pos) {
-            if (t->begin < pos) fail(err, len, path, t->name, "data_offsets [%llu, %llu] overlap the previous tensor (which ends at %llu)",
-                                     (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)pos);
-            else fail(err, len, path, t->name, "data_offsets [%llu, %llu] leave a hole of %llu bytes before it", (unsigned long long)t->begin,
-                      (unsigned long long)t->end, (unsigned long long)(t->begin - pos));
-            free(at);
-            goto out;
-        }
-        if (t->end > data) {
-            fail(err, len, path, t->name, "data_offsets [%llu, %llu] go past the end of the data (%llu bytes): truncated?",
-                 (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data);
-            free(at);
-            goto out;
-        }
-        pos = t->end;
-    }
-    free(at);
-    if (pos != data) {
-        fail(err, len, path, NULL, "%llu bytes after the last tensor's data are not described by the header", (unsigned long long)(data - pos));
-        goto out;
-    }
+    if (names_unique(f, path, err, len) || data_tiled(f, path, err, len)) goto out;
     rc = 0;
 out:
     cJSON_Delete(doc);
@@ -365,23 +370,9 @@ void gcd_st_close(gcd_st_file *f) {
 }
 
 // ----------------------------------------------------------------------------
-// values: raw little-endian bytes, a chunk at a time; F16 through a table
-
-float gcd_f16_table[65536];
-
-static float half_to_float(uint16_t h) {
-    unsigned s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), (int)e - 25);
-    return s ? -v : v;
-}
-
-static void f16_init(void) {
-    for (unsigned i = 0; i < 65536; i++) gcd_f16_table[i] = half_to_float((uint16_t)i);
-}
+// values: raw little-endian bytes, a chunk at a time; F16 through a table (f16.c)
 
 const unsigned char *gcd_st_bytes(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, char *err, size_t len) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, f16_init);
     size_t es = gcd_dtype_size(t->dtype);
     if (!es || at + count > t->n)
         GCD_FATAL("gcd_st_bytes: elements [%llu, %llu) of %s (%s) are outside its %llu", (unsigned long long)at,
@@ -412,6 +403,7 @@ void gcd_st_release(const gcd_st_file *f, const gcd_st_tensor *t) {
 // ----------------------------------------------------------------------------
 // SIGBUS: a mapped file truncated under us
 
+// process-wide by nature: a signal handler takes no context, so each thread leaves its own jump point here
 _Thread_local sigjmp_buf *gcd_st_jmp;
 
 static void on_sigbus(int sig) {

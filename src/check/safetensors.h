@@ -66,7 +66,7 @@ const gcd_st_tensor *gcd_st_find(const gcd_st_file *f, const char *name);
 const unsigned char *gcd_st_bytes(const gcd_st_file *f, const gcd_st_tensor *t, uint64_t at, size_t count, char *err, size_t len);
 // Done with t: its mapped pages leave this process's resident set (they stay in the page cache).
 void gcd_st_release(const gcd_st_file *f, const gcd_st_tensor *t);
-extern float gcd_f16_table[65536];   // F16 bits -> float, filled by the first gcd_st_bytes
+extern const float gcd_f16_table[65536];   // F16 bits -> float, every value exact (f16.c)
 // Has the file changed since it was opened (size, inode, mtime)? Returns 0, or -1 with err set.
 int gcd_st_unchanged(const gcd_st_file *f, char *err, size_t len);
 // Unmaps, closes and frees. A file filled by gcd_st_parse alone must have fd = -1 (a zeroed struct's

@@ -66,8 +66,14 @@ int junit_path_ok(const char *junit, const char *json);
 int parse_run(int argc, char **argv, options *o);
 // launch.c
 int launch(const options *o, int argc, char **argv);
+// preflight.c: each 0, or the exit code having said why
 int mpi_env_refusal(void);   // OMPI_COMM_WORLD_SIZE/RANK not as mpirun writes them: says so, 2
 int pmi_unusable(void);   // srun --mpi=pmi2: says so (task 0) and returns 3; 0 otherwise
+long physical_cores(void);                          // Open MPI counts its default slots by these
+int slurm_refusal(const options *o, int world);     // srun without PMIx, more ranks than the allocation's tasks
+int feasible(const options *o, int world);          // more ranks or memory than this machine has
+int tmpdir_room(const char *tmpdir, int world);     // a TMPDIR too full for Open MPI's session files
+int nccl_precheck(const options *o, int world);     // --backend nccl without NCCL or a GPU a rank
 // rank.c
 int run_rank(const options *o, int argc, char **argv);
 // output.c

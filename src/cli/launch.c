@@ -20,190 +20,6 @@
 
 extern char **environ;
 
-static int nccl_precheck(const options *o, int world) {
-    char why[256];
-    if (!gcd_nccl_built())
-        return bad("--backend", "%s", "nccl: not built: configure found no CUDA Toolkit with NCCL; use --backend mpi");
-    int n = gcd_cuda_device_count(why, sizeof why);
-    if (n < 0) return bad("--backend", "nccl: %s; use --backend mpi", why);
-    if (!o->hostfile && world > n) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "nccl needs one GPU per rank: --world %d on a machine with %d; use --world %d or --backend mpi", world, n, n);
-        return bad("--backend", "%s", msg);
-    }
-    return 0;
-}
-
-// Physical cores: Open MPI counts its default slots by cores, not hardware threads.
-static long physical_cores(void) {
-    long n = 0, cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    char seen[4096] = { 0 };
-    for (long c = 0; c < cpus && c < 4096; c++) {
-        char path[128];
-        int core = -1, pkg = 0;
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/core_id", c);
-        FILE *f = fopen(path, "r");
-        if (!f || fscanf(f, "%d", &core) != 1) core = -1;
-        if (f) fclose(f);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/topology/physical_package_id", c);
-        if ((f = fopen(path, "r"))) {
-            if (fscanf(f, "%d", &pkg) != 1) pkg = 0;
-            fclose(f);
-        }
-        if (core < 0) return cpus;   // no topology: count what runs
-        int id = (pkg * 1024 + core) % 4096;
-        n += !seen[id];
-        seen[id] = 1;
-    }
-    return n > 0 ? n : cpus;
-}
-
-// bytes a run needs at most, roughly: every rank's pass on this machine (its features, the gathered
-// copies, the N x N logits and their gradients, N = world x batch) and rank 0's single-process reference
-static double run_bytes(const options *o, int world) {
-    double per_process = 64e6;   // MPI, the program, its arenas' first chunks
-    if (!strcmp(o->probe, "simplenet")) return world * per_process;
-    double N = (double)o->cfg.batch * world, E = o->cfg.dim_emb, D = (double)o->cfg.dim_img + o->cfg.dim_txt;
-    double pass = 8 * (12 * N * N + 10 * N * (D + E) + 4 * E * D);
-    return world * (pass + per_process) + 1.5 * pass;
-}
-
-static double mem_available(void) {   // bytes, from /proc/meminfo; 0 when unknown
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
-}
-
-// Work that cannot be done is refused before any rank starts: more ranks than this machine can start
-// (32 a physical core, without a hostfile), more memory than it has available.
-static int feasible(const options *o, int world) {
-    long cap = 32 * physical_cores();
-    char msg[256];
-    if (!o->hostfile && world > cap) {
-        snprintf(msg, sizeof msg, "%d ranks are more than this machine can start (%ld: 32 a core); give --hostfile for more hosts", world, cap);
-        return bad("--world", "%s", msg);
-    }
-    double need = run_bytes(o, world), have = mem_available();
-    if (have > 0 && need > have) {
-        snprintf(msg, sizeof msg, "this run needs about %.3g GB (%d ranks, batch %d) and the machine has %.3g GB available: lower --batch, the dims or --world",
-                 need / 1e9, world, o->cfg.batch, have / 1e9);
-        return bad("--batch", "%s", msg);
-    }
-    return 0;
-}
-
-// Open MPI keeps its session files (and the shared-memory segments' backing files) in TMPDIR: a nearly
-// full one made mpirun wait out the start deadline (--timeout + 40 s) and leave its ompi.HOST.UID there.
-// Refused before anything starts, naming TMPDIR and what is free (exit 3: the machine, not an argument).
-enum { GCD_TMPDIR_MIN_MB = 64 };
-static int tmpdir_room(const char *tmpdir, int world) {
-    struct statvfs fs;
-    if (statvfs(tmpdir, &fs) != 0) return 0;   // mkdtemp below says why it cannot
-    double have = (double)fs.f_bavail * (double)fs.f_frsize, need = (double)GCD_TMPDIR_MIN_MB * 1048576.0;
-    if (have >= need) return 0;
-    char *t = gcd_term_str(tmpdir);
-    fprintf(stderr, "gradcheck-dist: TMPDIR %s has %.0f KiB free; Open MPI keeps its session files there (%d ranks): "
-                    "free %d MiB there or point TMPDIR at another directory\n", t, have / 1024, world, GCD_TMPDIR_MIN_MB);
-    free(t);
-    return 3;
-}
-
-// ----------------------------------------------------------------------------
-// Slurm: srun without an MPI plugin starts N copies of this program, each of which would launch its own
-// job (N reports, one --json path written by all); srun --mpi=pmi2 gives an environment this Open MPI
-// (PMIx only) cannot use. Both are refused before MPI_Init, saying how to start one job.
-
-static long env_long(const char *name) {   // 0 when unset or not a number
-    const char *v = getenv(name);
-    char *end;
-    long x = v && *v ? strtol(v, &end, 10) : 0;
-    return v && *v && !*end && x > 0 ? x : 0;
-}
-
-// the tasks of this allocation, from SLURM_TASKS_PER_NODE ("2(x3),1" = 7), as Open MPI counts its slots;
-// -1 when it is not that form or a count is past 2^24 (a product of two would overflow a long long before)
-static long slurm_slots(void) {
-    const char *v = getenv("SLURM_TASKS_PER_NODE");
-    long total = 0;
-    while (v && *v) {
-        char *end;
-        errno = 0;
-        long n = strtol(v, &end, 10), times = 1;
-        if (end == v || n < 0 || n > 1L << 24 || errno) return -1;
-        if (*end == '(' && end[1] == 'x') {
-            const char *t = end + 2;
-            times = strtol(t, &end, 10);
-            if (end == t || *end != ')' || times < 1 || times > 1L << 24 || errno) return -1;
-            end++;
-        }
-        if (*end && *end != ',') return -1;
-        total += n * times;   // at most 2^48 a term
-        if (total > 1L << 30) return -1;
-        v = *end == ',' ? end + 1 : end;
-    }
-    return total > 0 ? total : env_long("SLURM_NTASKS");
-}
-
-// Open MPI's own variables, when set, must be what mpirun writes: OMPI_COMM_WORLD_SIZE=garbage would
-// otherwise make this process a rank of a job of one (MPI_Init's singleton), silently
-int mpi_env_refusal(void) {
-    static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL };
-    long size = 0;
-    for (int i = 0; vars[i]; i++) {
-        const char *v = getenv(vars[i]);
-        if (!v) continue;
-        char *end;
-        errno = 0;
-        long x = strtol(v, &end, 10), lo = i == 1 ? 0 : 1, hi = i == 1 && size ? size - 1 : 1L << 24;
-        if (end == v || *end || errno || x < lo || x > hi) {
-            char what[128];
-            snprintf(what, sizeof what, "expected an integer from %ld to %ld (Open MPI sets it for each rank), got '%%s'", lo, hi);
-            return bad(vars[i], what, v);
-        }
-        if (i == 0) size = x;
-    }
-    return 0;
-}
-
-int pmi_unusable(void) {
-    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || !(getenv("PMI_FD") || getenv("PMI_RANK"))) return 0;
-    const char *rank = getenv("PMI_RANK");
-    if (!rank || !strcmp(rank, "0")) {
-        char *type = gcd_term_str(getenv("SLURM_MPI_TYPE") ? getenv("SLURM_MPI_TYPE") : "pmi2");   // the environment's bytes, escaped
-        fprintf(stderr, "gradcheck-dist: srun started this task with Slurm's PMI-2 (--mpi=%s), which this Open MPI cannot use (it speaks PMIx): "
-                        "start it with srun --mpi=pmix, or salloc -n N gradcheck-dist run --world N\n", type);
-        free(type);
-    }
-    return 3;
-}
-
-static int slurm_refusal(const options *o, int world) {
-    long tasks = env_long("SLURM_STEP_NUM_TASKS") ? env_long("SLURM_STEP_NUM_TASKS") : env_long("SLURM_NTASKS");
-    if (getenv("SLURM_STEP_ID") && tasks > 1) {
-        const char *id = getenv("SLURM_PROCID");
-        if (!id || !strcmp(id, "0"))
-            fprintf(stderr, "gradcheck-dist: srun started %ld tasks that are not one MPI job (no PMIx in their environment: srun's MPI plugin is none), "
-                            "and each would launch its own: start one job with srun --mpi=pmix -n %ld gradcheck-dist run, "
-                            "or salloc -n %ld gradcheck-dist run --world %ld\n", tasks, tasks, tasks, tasks);
-        return 2;
-    }
-    long slots = getenv("SLURM_JOB_ID") && !o->hostfile ? slurm_slots() : 0;
-    if (slots < 0) return bad("SLURM_TASKS_PER_NODE", "expected tasks per node as Slurm writes them (\"2(x3),1\", each count at most 2^24), got '%s'",
-                              getenv("SLURM_TASKS_PER_NODE"));
-    if (slots > 0 && world > slots && !o->oversubscribe) {
-        char msg[320];
-        snprintf(msg, sizeof msg, "%d ranks, but this Slurm allocation holds %ld tasks (SLURM_TASKS_PER_NODE=%s): ask Slurm for %d (-n %d), "
-                                  "or pass --oversubscribe to run more ranks than tasks", world, slots, getenv("SLURM_TASKS_PER_NODE") ? getenv("SLURM_TASKS_PER_NODE") : "?",
-                 world, world);
-        return bad("--world", "%s", msg);
-    }
-    return 0;
-}
-
 // ----------------------------------------------------------------------------
 // supervision. mpirun runs in its own process group, so a terminal's Ctrl-C reaches the launcher alone
 // (mpirun given SIGINT twice, by the terminal and by the launcher, exits at once without ending the
@@ -214,6 +30,7 @@ static int slurm_refusal(const options *o, int world) {
 // without it (mpirun ending the job because another rank died) rank 0 writes its error report.
 enum { GCD_END_GRACE = 10 };
 static const size_t stderr_cap = 1 << 20;   // bytes of mpirun's stderr passed on (a flood is a broken launch)
+// process-wide: the signal handler (forward_signal) reads and writes these, and a handler takes no context
 static volatile sig_atomic_t mpirun_pid, caught, signals;
 static char interrupted[PATH_MAX + 32];
 static void forward_signal(int sig) {
@@ -486,31 +303,28 @@ static int one_node(const options *o) {
     return 1;
 }
 
-int launch(const options *o, int argc, char **argv) {
-    int world = o->world ? o->world : 2;
-    int rc = slurm_refusal(o, world);
-    if (rc) return rc;
-    if ((rc = feasible(o, world))) return rc;
+// BLAS threads a rank: the user's OPENBLAS_NUM_THREADS (checked), else this machine's cores shared out
+static int blas_threads(int world, long *threads) {
     const char *blas = getenv("OPENBLAS_NUM_THREADS");
-    long threads = physical_cores() / world;
-    if (blas) {
-        char *end;
-        errno = 0;
-        threads = strtol(blas, &end, 10);
-        if (end == blas || *end || errno || threads < 1 || threads > 1024)
-            return bad("OPENBLAS_NUM_THREADS", "expected a number of threads from 1 to 1024, got '%s'", blas);
-    }
-    if (!strcmp(o->backend, "nccl") && (rc = nccl_precheck(o, world))) return rc;
-    char exe[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
-    exe[k] = 0;
+    *threads = physical_cores() / world;
+    if (!blas) return 0;
+    char *end;
+    errno = 0;
+    *threads = strtol(blas, &end, 10);
+    if (end == blas || *end || errno || *threads < 1 || *threads > 1024)
+        return bad("OPENBLAS_NUM_THREADS", "expected a number of threads from 1 to 1024, got '%s'", blas);
+    return 0;
+}
+
+// the launcher's private directory (dir: mkdtemp's, result: rank 0's verdict file in it), and what the
+// ranks learn from the environment; 0, or the exit code
+static int make_run_dir(const options *o, int world, char dir[PATH_MAX], char result[PATH_MAX + 16]) {
     const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    if ((rc = tmpdir_room(tmpdir, world))) return rc;
-    char dir[PATH_MAX], result[PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%s/gradcheck-dist.XXXXXX", tmpdir);
+    int rc = tmpdir_room(tmpdir, world);
+    if (rc) return rc;
+    snprintf(dir, PATH_MAX, "%s/gradcheck-dist.XXXXXX", tmpdir);
     if (!mkdtemp(dir)) return fprintf(stderr, "gradcheck-dist: mkdtemp %s: %s\n", dir, strerror(errno)), 3;
-    snprintf(result, sizeof result, "%s/result", dir);
+    snprintf(result, PATH_MAX + 16, "%s/result", dir);
     snprintf(interrupted, sizeof interrupted, "%s/interrupted", dir);
     setenv("GCD_RESULT_FILE", result, 1);
     char me[24];
@@ -521,28 +335,25 @@ int launch(const options *o, int argc, char **argv) {
     snprintf(columns, sizeof columns, "%d", gcd_text_width((o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? 2 : 1));
     setenv("GCD_COLUMNS", columns, 1);
     setenv("GCD_PROGRESS", isatty(2) ? "tty" : "lines", 0);
-    int err_pipe[2];
-    if (pipe(err_pipe) || fcntl(err_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(err_pipe[1], F_SETFD, FD_CLOEXEC)) return fprintf(stderr, "gradcheck-dist: pipe: %s\n", strerror(errno)), rmdir(dir), 3;
-    // BLAS threads, set before OpenBLAS starts in the ranks (unless the user chose): this machine's cores
-    // shared out, one a rank when the ranks fill them, more when they do not; each rank is then bound to
-    // that many cores (Open MPI binds a rank to one core by default, where its threads would share it)
-    if (!blas) {
-        char nt[24];
-        snprintf(nt, sizeof nt, "%ld", threads > 1 ? threads : 1);
-        setenv("OPENBLAS_NUM_THREADS", nt, 1);
-    }
-    char pe[32];
-    snprintf(pe, sizeof pe, "slot:PE=%ld", threads);
-    char np[16];
-    snprintf(np, sizeof np, "%d", world);
-    int nenv = 0;
-    for (char **e = environ; *e; e++) nenv++;
-    char **av = calloc((size_t)argc + 2 * (size_t)nenv + 32, sizeof *av);   // 20 fixed at most
-    mallocCheck(av);
+    return 0;
+}
+
+// mpirun's command line: av (calloc'd; the -x names in [first_x, last_x) strdup'd), np and pe its texts
+typedef struct {
+    char **av;
+    int first_x, last_x;
+    char np[16], pe[32];
+} mpirun_cmd;
+
+// mpirun's options: ranks, slots, the grace to end them, hosts, one node's transports, binding
+static int mpirun_options(const options *o, int world, long threads, mpirun_cmd *c) {
+    char **av = c->av;
     int n = 0;
+    snprintf(c->pe, sizeof c->pe, "slot:PE=%ld", threads);
+    snprintf(c->np, sizeof c->np, "%d", world);
     av[n++] = "mpirun";
     av[n++] = "-np";
-    av[n++] = np;
+    av[n++] = c->np;
     // more ranks than slots: asked for (--oversubscribe), or more than this machine's cores outside an
     // allocation (inside one, slurm_refusal above refused it unless asked for)
     if (o->oversubscribe || (!o->hostfile && !getenv("SLURM_JOB_ID") && world > physical_cores())) av[n++] = "--oversubscribe";
@@ -563,42 +374,139 @@ int launch(const options *o, int argc, char **argv) {
         setenv("HWLOC_COMPONENTS", "-linuxio", 0);
         setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_xml_libxml", 0);
     }
-    if (!o->hostfile && threads > 1 && threads * world <= physical_cores()) av[n++] = "--map-by", av[n++] = pe;
+    if (!o->hostfile && threads > 1 && threads * world <= physical_cores()) av[n++] = "--map-by", av[n++] = c->pe;
+    return n;
+}
+
+// the whole command: mpirun's options, the environment forwarded by name, then this program and its arguments
+static void mpirun_command(const options *o, int world, long threads, const char *exe, int argc, char **argv, mpirun_cmd *c) {
+    int nenv = 0;
+    for (char **e = environ; *e; e++) nenv++;
+    c->av = calloc((size_t)argc + 2 * (size_t)nenv + 32, sizeof *c->av);   // 20 fixed at most
+    mallocCheck(c->av);
+    int n = mpirun_options(o, world, threads, c);
     // Open MPI starts ranks on other nodes without this environment: forward every GCD_, NCCL_ and
     // OPENBLAS_ variable (GCD_RESULT_FILE, GCD_NCCL_TIMEOUT, NCCL_DEBUG, ...) by name with -x
-    int first_x = n;
+    c->first_x = n;
     for (char **e = environ; *e; e++)
         if (!strncmp(*e, "GCD_", 4) || !strncmp(*e, "NCCL_", 5) || !strncmp(*e, "OPENBLAS_", 9)) {
-            av[n++] = "-x";
-            mallocCheck(av[n++] = strndup(*e, strcspn(*e, "=")));
+            c->av[n++] = "-x";
+            mallocCheck(c->av[n++] = strndup(*e, strcspn(*e, "=")));
         }
-    int last_x = n;
-    av[n++] = exe;
-    for (int i = 1; i < argc; i++) av[n++] = argv[i];
+    c->last_x = n;
+    c->av[n++] = (char *)exe;
+    for (int i = 1; i < argc; i++) c->av[n++] = argv[i];
+}
+
+static void mpirun_command_free(mpirun_cmd *c) {
+    for (int i = c->first_x + 1; i < c->last_x; i += 2) free(c->av[i]);
+    free(c->av);
+}
+
+// the forwarded signals' handlers installed (old: what they were), and mpirun forked into its own process
+// group with its stderr into err_pipe; mpirun's pid, or -1 (errno says why)
+static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
+static pid_t start_mpirun(char **av, const int err_pipe[2]) {
     fflush(NULL);
     struct sigaction sa = { .sa_handler = forward_signal }, old[3];
     sigemptyset(&sa.sa_mask);
-    static const int forwarded[3] = { SIGINT, SIGTERM, SIGHUP };
     for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, forwarded[i]);   // one handler at a time: signals++ never loses a count
     for (int i = 0; i < 3; i++) sigaction(forwarded[i], &sa, &old[i]);
     signal(SIGPIPE, SIG_IGN);   // a closed stderr is EPIPE to forward_stderr, not the launcher's death
     pid_t parent = getpid(), pid = fork();
-    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
-    if (pid == 0) {
-        for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
-        signal(SIGPIPE, SIG_DFL);
-        setpgid(0, 0);   // its own process group: the terminal's signals reach the launcher alone
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(3);   // the launcher died before the line above
-        int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
-        if (null >= 0) dup2(null, 0), close(null);
-        dup2(err_pipe[1], 2);
-        execvp(av[0], av);
-        fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
-        _exit(127);
+    if (pid != 0) return pid;
+    for (int i = 0; i < 3; i++) sigaction(forwarded[i], &old[i], NULL);
+    signal(SIGPIPE, SIG_DFL);
+    setpgid(0, 0);   // its own process group: the terminal's signals reach the launcher alone
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(3);   // the launcher died before the line above
+    int null = open("/dev/null", O_RDONLY);   // the ranks read no stdin: a caller's stays its own
+    if (null >= 0) dup2(null, 0), close(null);
+    dup2(err_pipe[1], 2);
+    execvp(av[0], av);
+    fprintf(stderr, "gradcheck-dist: cannot start mpirun: %s (install openmpi-bin)\n", strerror(errno));
+    _exit(127);
+}
+
+// rank 0's verdict (0..3) from the result file, which goes; -1 when it left none
+static int rank0_code(const char *result) {
+    int code = -1;
+    FILE *f = fopen(result, "r");
+    if (f) {
+        if (fscanf(f, "%d", &code) != 1 || code < 0 || code > 3) code = -1;
+        fclose(f);
+        unlink(result);
     }
-    for (int i = first_x + 1; i < last_x; i += 2) free(av[i]);
-    free(av);
+    return code;
+}
+
+// the JSON report this run wrote, if any ("" when none): --json's path, or the default name rank 0 left in dir
+static void run_report(const options *o, const char *dir, char report[PATH_MAX]) {
+    report[0] = 0;
+    if (o->json && strcmp(o->json, "-")) snprintf(report, PATH_MAX, "%s", o->json);
+    else if (!o->json && !o->no_json) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/report", dir);
+        if (!read_small(path, report, PATH_MAX)) report[0] = 0;
+    }
+}
+
+static void remove_run_dir(const char *dir) {
+    static const char *const left[] = { "ranks", "report", "interrupted" };
+    for (int i = 0; i < 3; i++) {
+        char f[PATH_MAX + 32];
+        snprintf(f, sizeof f, "%s/%s", dir, left[i]);
+        unlink(f);
+    }
+    rmdir(dir);
+}
+
+// the exit code once mpirun is gone and no signal came: rank 0's, when mpirun ended well too
+static int job_code(const options *o, int status, int code) {
+    char how[64];
+    if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
+    else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && code < 0) return 3;   // mpirun itself could not start: said above
+    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return launcher_streams_code(code);   // (sec: broken streams)
+    if (code >= 0) {
+        fprintf(stderr, "gradcheck-dist: rank 0 gave exit %d, but the MPI job then failed (%s)\n", code, how);
+        return 3;
+    }
+    fprintf(stderr, "gradcheck-dist: the MPI job ended before rank 0 gave its verdict (%s)%s\n", how,
+            o->hostfile ? "; with --hostfile, rank 0 must run on this host (list it first) and the hosts must give --world slots"
+                        : "; mpirun's message above says why");
+    return 3;
+}
+
+int launch(const options *o, int argc, char **argv) {
+    int world = o->world ? o->world : 2;
+    long threads;
+    int rc = slurm_refusal(o, world);
+    if (rc) return rc;
+    if ((rc = feasible(o, world))) return rc;
+    if ((rc = blas_threads(world, &threads))) return rc;
+    if (!strcmp(o->backend, "nccl") && (rc = nccl_precheck(o, world))) return rc;
+    char exe[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) return fprintf(stderr, "gradcheck-dist: cannot find my own executable: %s\n", strerror(errno)), 3;
+    exe[k] = 0;
+    char dir[PATH_MAX], result[PATH_MAX + 16];
+    if ((rc = make_run_dir(o, world, dir, result))) return rc;
+    int err_pipe[2];
+    if (pipe(err_pipe) || fcntl(err_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(err_pipe[1], F_SETFD, FD_CLOEXEC)) return fprintf(stderr, "gradcheck-dist: pipe: %s\n", strerror(errno)), rmdir(dir), 3;
+    // BLAS threads, set before OpenBLAS starts in the ranks (unless the user chose): this machine's cores
+    // shared out, one a rank when the ranks fill them, more when they do not; each rank is then bound to
+    // that many cores (Open MPI binds a rank to one core by default, where its threads would share it)
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+        char nt[24];
+        snprintf(nt, sizeof nt, "%ld", threads > 1 ? threads : 1);
+        setenv("OPENBLAS_NUM_THREADS", nt, 1);
+    }
+    mpirun_cmd cmd;
+    mpirun_command(o, world, threads, exe, argc, argv, &cmd);
+    pid_t pid = start_mpirun(cmd.av, err_pipe);
+    if (pid < 0) return fprintf(stderr, "gradcheck-dist: fork: %s\n", strerror(errno)), close(err_pipe[0]), close(err_pipe[1]), rmdir(dir), 3;
+    mpirun_command_free(&cmd);
     setpgid(pid, pid);   // as the child does: whichever runs first
     mpirun_pid = pid;
     if (caught) kill(-pid, caught);   // a signal between fork and here
@@ -616,47 +524,18 @@ int launch(const options *o, int argc, char **argv) {
     while (!reaped && !(reaped = reap(pid, &status, 0)))
         if (errno != EINTR) return fprintf(stderr, "gradcheck-dist: waitpid: %s\n", strerror(errno)), 3;
     if (log.n) log.line[log.n] = 0, scan_line(&log);   // a last line without its newline
-    int code = -1;
-    FILE *f = fopen(result, "r");
-    if (f) {
-        if (fscanf(f, "%d", &code) != 1 || code < 0 || code > 3) code = -1;
-        fclose(f);
-        unlink(result);
-    }
+    int code = rank0_code(result);
     if (wt.dropped) fprintf(stderr, "gradcheck-dist: %zu bytes of mpirun's stderr past the first 1 MiB were not shown\n", wt.dropped);
     if (!caught && code < 0 && log.sig && !wt.why[0]) name_the_dead(&log, dir, o->junit && strcmp(o->junit, "-") ? o->junit : NULL);
     if (code < 0 && !o->json && !o->no_json) drop_empty_default(dir);
-    char report[PATH_MAX] = "";   // the JSON report this run wrote, if any
-    if (o->json && strcmp(o->json, "-")) snprintf(report, sizeof report, "%s", o->json);
-    else if (!o->json && !o->no_json) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/report", dir);
-        if (!read_small(path, report, sizeof report)) report[0] = 0;
-    }
+    char report[PATH_MAX];
+    run_report(o, dir, report);
     if (wt.killed && !caught) kill_ranks(dir, exe);
-    static const char *const left[] = { "ranks", "report", "interrupted" };
-    for (int i = 0; i < 3; i++) {
-        char f[PATH_MAX + 32];
-        snprintf(f, sizeof f, "%s/%s", dir, left[i]);
-        unlink(f);
-    }
-    rmdir(dir);
+    remove_run_dir(dir);
     if (caught) return cancelled(o, report, started, code);
     if (wt.why[0]) {
         fprintf(stderr, "gradcheck-dist: %s\n", wt.why);
         return 3;
     }
-    char how[64];
-    if (WIFEXITED(status)) snprintf(how, sizeof how, "mpirun exited with %d", WEXITSTATUS(status));
-    else snprintf(how, sizeof how, "mpirun was killed by signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && code < 0) return 3;   // mpirun itself could not start: said above
-    if (code >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return launcher_streams_code(code);   // (sec: broken streams)
-    if (code >= 0) {
-        fprintf(stderr, "gradcheck-dist: rank 0 gave exit %d, but the MPI job then failed (%s)\n", code, how);
-        return 3;
-    }
-    fprintf(stderr, "gradcheck-dist: the MPI job ended before rank 0 gave its verdict (%s)%s\n", how,
-            o->hostfile ? "; with --hostfile, rank 0 must run on this host (list it first) and the hosts must give --world slots"
-                        : "; mpirun's message above says why");
-    return 3;
+    return job_code(o, status, code);
 }

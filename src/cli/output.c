@@ -70,7 +70,7 @@ int default_report_path(char *path, size_t len) {
 // broken streams: a closed stdout or stderr, /dev/full, a full file system. A write that fails is a
 // runtime failure (exit 3), said on whichever stream still works.
 
-static int closed_at_start[3];
+static int closed_at_start[3];   // process-wide as the descriptors 0-2 are: what they were at the start
 
 // A descriptor 0-2 closed by the caller is held by /dev/null opened read-only: no file the tool opens
 // later becomes "stdout" (a report written into by printf), and every write to it fails (EBADF).

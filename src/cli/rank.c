@@ -18,6 +18,8 @@
 #define XXH_STATIC_LINKING_ONLY   // XXH3_state_t on the stack
 #include <xxhash.h>
 
+// process-wide: rank 0's signal handler (rank0_signal) and fatal hook (write_error_report) read it, and
+// neither takes a context
 static struct {
     cJSON *doc;
     char path[PATH_MAX];
@@ -26,7 +28,7 @@ static struct {
     volatile sig_atomic_t reserved, written;   // the default path was created empty for us; the report is in it
 } job;
 
-static char interrupted_file[PATH_MAX + 32], launcher_stat[64];   // under the launcher; "" otherwise
+static char interrupted_file[PATH_MAX + 32], launcher_stat[64];   // under the launcher; "" otherwise (the signal handler's too)
 
 // a file of the private directory rank 0 shares with the launcher ("" when not under the launcher)
 static void shared_file(char *buf, size_t len, const char *name) {
@@ -72,6 +74,7 @@ static void rank0_signal(int sig) {
 // progress on stderr, rank 0 only: on a terminal one line rewritten in place (probe, mode, step k/N,
 // elapsed); otherwise one line as each probe and mode ends
 
+// process-wide: gcd_run's progress callback (progress_step) takes no context
 static struct {
     int tty, run, nrun;
     const char *probe, *mode;
@@ -208,72 +211,61 @@ static gcd_values report_values(const options *o) {
     return o->full ? GCD_VALUES_FULL : GCD_VALUES_LIMITED;
 }
 
-int run_rank(const options *o, int argc, char **argv) {
-    int nargs = argc;
-    char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
-    for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
-    gcd_mpi_set_timeout(o->timeout);   // MPI_Init too
-    gcd_mpi_init(&argc, &argv);
-    gcd_comm *comm = gcd_comm_mpi();
-    int root = comm->rank == 0, differs;
-    rank_facts *facts = gather_rank_facts(nargs, args, comm->world, &differs);
-    gcd_mpi_set_hosts(facts[0].host, sizeof *facts);   // the node's ranks (gcd_mpi_local), from the same collective
-    char why[640] = "";   // every rank decides alike: the same facts, the same job, NCCL's own agreement
+// why this job cannot run, decided alike on every rank ("" when it can): the same command everywhere,
+// --world as the job's, NCCL's own agreement (*comm becomes the NCCL communicator)
+static void job_refusal(const options *o, gcd_comm **comm, int differs, char *why, size_t len) {
     if (differs >= 0)
-        snprintf(why, sizeof why, "rank %d was started with other options than rank 0: every rank must run the same command", differs);
-    else if (o->world && o->world != comm->world)
-        snprintf(why, sizeof why, "--world: %d, but this MPI job has %d ranks", o->world, comm->world);
+        snprintf(why, len, "rank %d was started with other options than rank 0: every rank must run the same command", differs);
+    else if (o->world && o->world != (*comm)->world)
+        snprintf(why, len, "--world: %d, but this MPI job has %d ranks", o->world, (*comm)->world);
     else if (!strcmp(o->backend, "nccl")) {
         char reason[512] = "";
-        gcd_comm *nccl = gcd_comm_nccl(comm, reason, sizeof reason);
-        if (nccl) comm = nccl;
-        else snprintf(why, sizeof why, "--backend nccl: %s; use --backend mpi", reason);
+        gcd_comm *nccl = gcd_comm_nccl(*comm, reason, sizeof reason);
+        if (nccl) *comm = nccl;
+        else snprintf(why, len, "--backend nccl: %s; use --backend mpi", reason);
     }
-    if (why[0]) {
-        if (root) fprintf(stderr, "gradcheck-dist: %s\n", why);
-        free(facts);
-        gcd_mpi_finalize();
-        return rank_exit(root, 2);
-    }
-    if (!getenv("OPENBLAS_NUM_THREADS")) {   // a plain mpirun, not the launcher: this node's CPUs shared out
-        int local_rank, local_size;
-        gcd_mpi_local(&local_rank, &local_size);
-        gcd_blas_share_cpus(local_size);
-    }
-    job.t0 = now();
-    gcd_env env;
-    environment(comm, &env, facts);
+}
+
+// under the launcher: the files rank 0 shares with it, and every rank's pid and host, to name a rank that dies
+static void launcher_files(const gcd_comm *comm, const rank_facts *facts) {
     shared_file(interrupted_file, sizeof interrupted_file, "interrupted");
     const char *launcher = getenv("GCD_LAUNCHER_PID");   // a launcher killed by SIGKILL leaves no file: it is gone
     snprintf(launcher_stat, sizeof launcher_stat, "/proc/%ld/stat", launcher ? atol(launcher) : 0L);
-    if (interrupted_file[0] && root) {   // under the launcher: every rank's pid and host, to name a rank that dies
+    if (interrupted_file[0] && comm->rank == 0) {
         char path[PATH_MAX + 32];
         shared_file(path, sizeof path, "ranks");
         FILE *f = fopen(path, "w");
         for (int k = 0; f && k < comm->world; k++) fprintf(f, "%d %s %s\n", k, facts[k].pid, facts[k].host);
         if (f) fclose(f);
     }
-    if (root) {
-        job.doc = gcd_report_new(nargs, args, &env);
-        if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
-        else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
-        if (o->junit) snprintf(job.junit, sizeof job.junit, "%s", o->junit);
-        char path[PATH_MAX + 32];
-        shared_file(path, sizeof path, "report");   // the launcher names a dead rank in it
-        FILE *f = path[0] && job.path[0] && strcmp(job.path, "-") ? fopen(path, "w") : NULL;
-        if (f) fputs(job.path, f), fclose(f);
-        const char *pr = getenv("GCD_PROGRESS");
-        progress.tty = pr ? !strcmp(pr, "tty") : isatty(2);
-        progress.t0 = job.t0;
-        for (int pi = 0; gcd_probes[pi]; pi++) progress.nrun += !strcmp(o->probe, "all") || !strcmp(o->probe, gcd_probes[pi]->name);
-        progress.nrun *= o->nmode;
-        gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
-        struct sigaction sa = { .sa_handler = rank0_signal };
-        sigemptyset(&sa.sa_mask);
-        for (int sig = 0; sig < 3; sig++) sigaction((int[]){ SIGTERM, SIGINT, SIGHUP }[sig], &sa, NULL);
-    }
+}
 
-    int all_met = 1;
+// rank 0's job: the report's document and where it goes, the progress line, the fatal hook and the
+// signals that leave an error report
+static void rank0_job(const options *o, int nargs, char **args, const gcd_env *env) {
+    job.doc = gcd_report_new(nargs, args, env);
+    if (o->json) snprintf(job.path, sizeof job.path, "%s", o->json);
+    else if (!o->no_json) job.reserved = default_report_path(job.path, sizeof job.path);
+    if (o->junit) snprintf(job.junit, sizeof job.junit, "%s", o->junit);
+    char path[PATH_MAX + 32];
+    shared_file(path, sizeof path, "report");   // the launcher names a dead rank in it
+    FILE *f = path[0] && job.path[0] && strcmp(job.path, "-") ? fopen(path, "w") : NULL;
+    if (f) fputs(job.path, f), fclose(f);
+    const char *pr = getenv("GCD_PROGRESS");
+    progress.tty = pr ? !strcmp(pr, "tty") : isatty(2);
+    progress.t0 = job.t0;
+    for (int pi = 0; gcd_probes[pi]; pi++) progress.nrun += !strcmp(o->probe, "all") || !strcmp(o->probe, gcd_probes[pi]->name);
+    progress.nrun *= o->nmode;
+    gcd_fatal_hook(write_error_report);   // then MPI_Abort, as on every rank
+    struct sigaction sa = { .sa_handler = rank0_signal };
+    sigemptyset(&sa.sa_mask);
+    for (int sig = 0; sig < 3; sig++) sigaction((int[]){ SIGTERM, SIGINT, SIGHUP }[sig], &sa, NULL);
+}
+
+// every chosen probe under every chosen mode; on rank 0 each run goes into the report with its
+// expectation. Returns 1 when every expectation was met (rank 0's answer; 1 elsewhere)
+static int run_probes(const options *o, gcd_comm *comm) {
+    int root = comm->rank == 0, all_met = 1;
     gcd_arena passes = { 0 };   // every run's passes, in the same memory: touched once, not once a run
     for (int pi = 0; gcd_probes[pi]; pi++) {
         const gcd_probe *pr = gcd_probes[pi];
@@ -302,34 +294,69 @@ int run_rank(const options *o, int argc, char **argv) {
         gcd_reference_free(&ref);
     }
     gcd_arena_free(&passes);
+    return all_met;
+}
 
-    int code = all_met ? 0 : 1;
+// rank 0's ending: the report written first, so that the text says the code the process returns, then
+// the table; returns the code (3 when a report or the table could not be written)
+static int rank0_finish(const options *o, gcd_env *env, int code) {
+    gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
+    code = write_reports(job.doc, job.path, job.reserved, job.junit, code, now() - job.t0);
+    job.written = 1;
+    if (progress.tty) fprintf(stderr, "\r\033[K"), fflush(stderr);   // the live line gives way to the table
+    FILE *out = (o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? stderr : stdout;
+    const char *columns = getenv("GCD_COLUMNS");   // the launcher's terminal (our stdout is mpirun's pipe)
+    char *text = gcd_render_text_width(job.doc, columns ? atoi(columns) : gcd_text_width(fileno(out)));
+    fputs(text, out);
+    free(text);
+    if (job.path[0] && strcmp(job.path, "-")) put_path(out, "report: ", job.path);
+    if (job.junit[0] && strcmp(job.junit, "-")) put_path(out, "junit: ", job.junit);
+    if (fflush(out) || ferror(out)) {
+        fprintf(stderr, "gradcheck-dist: writing the table: %s\n", strerror(errno));
+        code = 3;
+    }
+    fflush(NULL);
+    cJSON_Delete(job.doc);
+    job.doc = NULL;
+    free(env->hostnames), free(env->devices ? env->devices[0] : NULL), free(env->devices);
+    return code;
+}
+
+int run_rank(const options *o, int argc, char **argv) {
+    int nargs = argc;
+    char **args = gcd_malloc((size_t)argc * sizeof *args);   // the command as typed, before MPI_Init
+    for (int i = 0; i < argc; i++) args[i] = gcd_strdup(argv[i]);
+    gcd_mpi_set_timeout(o->timeout);   // MPI_Init too
+    gcd_mpi_init(&argc, &argv);
+    gcd_comm *comm = gcd_comm_mpi();
+    int root = comm->rank == 0, differs;
+    rank_facts *facts = gather_rank_facts(nargs, args, comm->world, &differs);
+    gcd_mpi_set_hosts(facts[0].host, sizeof *facts);   // the node's ranks (gcd_mpi_local), from the same collective
+    char why[640] = "";   // every rank decides alike: the same facts, the same job, NCCL's own agreement
+    job_refusal(o, &comm, differs, why, sizeof why);
+    if (why[0]) {
+        if (root) fprintf(stderr, "gradcheck-dist: %s\n", why);
+        free(facts);
+        gcd_mpi_finalize();
+        return rank_exit(root, 2);
+    }
+    if (!getenv("OPENBLAS_NUM_THREADS")) {   // a plain mpirun, not the launcher: this node's CPUs shared out
+        int local_rank, local_size;
+        gcd_mpi_local(&local_rank, &local_size);
+        gcd_blas_share_cpus(local_size);
+    }
+    job.t0 = now();
+    gcd_env env;
+    environment(comm, &env, facts);
+    launcher_files(comm, facts);
+    if (root) rank0_job(o, nargs, args, &env);
+    int code = run_probes(o, comm) ? 0 : 1;
     if (root && interrupted_file[0] && !launcher_alive()) {   // the launcher was killed (SIGKILL): nobody takes a verdict
         if (job.reserved) unlink(job.path);
         fprintf(stderr, "gradcheck-dist: the launcher is gone: no report\n");
         _exit(3);
     }
-    if (root) {   // the report first, so that the text says the code the process returns
-        gcd_report_finish(job.doc, code, NULL, 0, now() - job.t0);
-        code = write_reports(job.doc, job.path, job.reserved, job.junit, code, now() - job.t0);
-        job.written = 1;
-        if (progress.tty) fprintf(stderr, "\r\033[K"), fflush(stderr);   // the live line gives way to the table
-        FILE *out = (o->json && !strcmp(o->json, "-")) || (o->junit && !strcmp(o->junit, "-")) ? stderr : stdout;
-        const char *columns = getenv("GCD_COLUMNS");   // the launcher's terminal (our stdout is mpirun's pipe)
-        char *text = gcd_render_text_width(job.doc, columns ? atoi(columns) : gcd_text_width(fileno(out)));
-        fputs(text, out);
-        free(text);
-        if (job.path[0] && strcmp(job.path, "-")) put_path(out, "report: ", job.path);
-        if (job.junit[0] && strcmp(job.junit, "-")) put_path(out, "junit: ", job.junit);
-        if (fflush(out) || ferror(out)) {
-            fprintf(stderr, "gradcheck-dist: writing the table: %s\n", strerror(errno));
-            code = 3;
-        }
-        fflush(NULL);
-        cJSON_Delete(job.doc);
-        job.doc = NULL;
-        free(env.hostnames), free(env.devices ? env.devices[0] : NULL), free(env.devices);
-    }
+    if (root) code = rank0_finish(o, &env, code);
     // the verdict to the launcher first: a peer stopped from here on fails only what follows (exit 3)
     int exit_code = root ? rank_exit(root, code) : 0;
     gcd_comm_set_context("the final broadcast of the exit code");

@@ -19,7 +19,7 @@
 // ----------------------------------------------------------------------------
 // checks
 
-static MPI_Comm world_comm = MPI_COMM_NULL;
+static MPI_Comm world_comm = MPI_COMM_NULL;   // process-wide as MPI itself is: one job, one world a process
 
 #define mpiCheck(call) mpi_check((call), #call, __FILE__, __LINE__)
 static void mpi_check(int err, const char *call, const char *file, int line) {
@@ -38,18 +38,19 @@ static void abort_job(int code) { MPI_Abort(MPI_COMM_WORLD, code); exit(code); }
 // deadlines: every collective is started non-blocking and polled, so a stopped, hung or dead peer is
 // an error naming the call and what was running, never a hang
 
+// process-wide: every collective of the one MPI job waits under one deadline and names what was running
 static double timeout_s = 300;
 static char context[160];
 
 void gcd_mpi_set_timeout(double seconds) { timeout_s = seconds; }
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal;   // set from rank 0's signal handler, which takes no context
 void gcd_mpi_stop(int sig) { stop_signal = sig; }
 void gcd_comm_set_context(const char *what) { snprintf(context, sizeof context, "%s", what ? what : ""); }
 
 // polls before the wait starts sleeping 50 us between them: 1000 (a few ms of spinning) when every rank
 // has a CPU; 10 when this node holds more ranks than CPUs, where a spinning rank takes the CPU from the
 // peer it waits for (world 32 on 2 cores)
-static long spin_polls = 1000;
+static long spin_polls = 1000;   // process-wide: one rank a process, set once from this node's ranks and CPUs
 
 #define mpiWait(req, name) mpi_wait(&(req), name, __FILE__, __LINE__)
 static void mpi_wait(MPI_Request *req, const char *name, const char *file, int line) {
@@ -73,7 +74,7 @@ int gcd_mpi_inside_job(void) { return getenv("OMPI_COMM_WORLD_SIZE") || getenv("
 // MPI_Init and MPI_Finalize wait for every rank: a peer stopped before it arrives would hang them, so
 // they have the deadline too (alarm: neither has a non-blocking form). The message is made beforehand,
 // as the handler may only write it.
-static char alarm_msg[256];
+static char alarm_msg[256];   // process-wide: the SIGALRM handler may only write it, and takes no context
 static void alarm_timeout(int sig) {
     (void)sig;
     if (write(2, alarm_msg, strlen(alarm_msg)) < 0) _exit(3);
@@ -235,6 +236,7 @@ void gcd_mpi_bcast_bytes(void *buf, int len, int root) { bcast(buf, len, MPI_BYT
 // The ranks of this node, from every rank's host name: the ones the program's first collective gathered
 // (gcd_mpi_set_hosts; MPI_Comm_split_type has no non-blocking form, so a stopped peer could hang it). A
 // node is a host name, as Open MPI's shared-memory domain is on every machine this runs on.
+// process-wide as the job is: set once from the first collective
 static const char *hosts;   // rank k's at hosts + k * host_stride, NUL-terminated
 static size_t host_stride;
 
@@ -281,7 +283,7 @@ int gcd_mpi_any(int flag) {
 // ----------------------------------------------------------------------------
 // arrival at a collective (the NCCL backend's timeout starts once every rank has entered it)
 
-static MPI_Request arrival = MPI_REQUEST_NULL;
+static MPI_Request arrival = MPI_REQUEST_NULL;   // process-wide: one collective of the one job at a time
 
 void gcd_mpi_arrive(void) {
     if (arrival != MPI_REQUEST_NULL) GCD_FATAL("arrival: the previous collective's MPI_Ibarrier was never completed");

@@ -247,55 +247,80 @@ static void tp_mesh(gcd_run_result *res, int W) {
     for (int k = 0; k < W; k++) res->mesh_coords[2 * k] = 0, res->mesh_coords[2 * k + 1] = k;
 }
 
-void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
-    const gcd_probe *pr = o->probe;
-    int W = comm->world, root = comm->rank == 0;
+// the run's identity and rank 0's loss history (steps x world)
+static void result_start(const gcd_run_opts *o, int W, int root, gcd_run_result *res) {
     memset(res, 0, sizeof *res);
-    res->probe = pr->name;
+    res->probe = o->probe->name;
     res->mode = o->mode;
-    res->finalize = pr->split != NULL;
-    if (pr->replicated && root) tp_mesh(res, W);
+    res->finalize = o->probe->split != NULL;
+    if (o->probe->replicated && root) tp_mesh(res, W);
     res->world = W;
     res->steps = o->steps;
     res->lr = o->lr;
     res->cfg = o->cfg;
     res->nloss = o->steps > 0 ? o->steps : 1;
     res->loss = gcd_malloc((size_t)(root ? res->nloss : 1) * W * sizeof(double));   // the history lives on rank 0 only
+}
 
-    gcd_arena params_arena = { 0 }, own = { 0 }, *arena = o->arena ? o->arena : &own;
-    gcd_ctx pc = gcd_ctx_make(&params_arena);
-    gcd_params P = { 0 };
-    pr->init(&pc, &o->cfg, &P);
-    res->nparam = P.n;
-    res->param = gcd_malloc((size_t)P.n * sizeof *res->param);
-    for (int i = 0; i < P.n; i++) {
+// each parameter's name, shape and starting values; on rank 0 room for every rank's gradient
+static void result_params(const gcd_probe *pr, const gcd_params *P, int root, gcd_run_result *res) {
+    int W = res->world;
+    res->nparam = P->n;
+    res->param = gcd_malloc((size_t)P->n * sizeof *res->param);
+    for (int i = 0; i < P->n; i++) {
         gcd_param_result *p = &res->param[i];
-        p->name = P.name[i];
-        p->ndim = P.t[i]->ndim;
-        memcpy(p->shape, P.t[i]->shape, sizeof P.t[i]->shape);
-        p->n = P.t[i]->n;
-        p->init = copy(P.t[i]->data, p->n);
+        p->name = P->name[i];
+        p->ndim = P->t[i]->ndim;
+        memcpy(p->shape, P->t[i]->shape, sizeof P->t[i]->shape);
+        p->n = P->t[i]->n;
+        p->init = copy(P->t[i]->data, p->n);
         p->tp_split = (pr->sharded >> i) & 1 ? 1 : (pr->replicated >> i) & 1 ? 2 : 0;
         if (root) {
             p->local = gcd_malloc((size_t)W * p->n * sizeof(double));
             p->has = gcd_malloc((size_t)W);
         }
     }
-    // the inputs' shapes, from rank 0's own (every rank's are alike)
+}
+
+// the inputs' shapes, from rank 0's own (every rank's are alike); on rank 0 room for every rank's values
+static void result_inputs(const gcd_run_opts *o, gcd_arena *arena, int root, gcd_run_result *res) {
+    const gcd_probe *pr = o->probe;
     res->ninput = pr->ninput;
-    {
-        gcd_ctx c = gcd_ctx_make(arena);
-        gcd_tensor *in[GCD_MAX_INPUTS];
-        pr->inputs(&c, &o->cfg, 0, in);
-        for (int j = 0; j < pr->ninput; j++) {
-            res->input_name[j] = pr->input_name[j];
-            res->input_ndim[j] = in[j]->ndim;
-            memcpy(res->input_shape[j], in[j]->shape, sizeof res->input_shape[j]);
-            res->input_n[j] = in[j]->n;
-            if (root) res->inputs[j] = gcd_malloc((size_t)W * in[j]->n * sizeof(double));
-        }
-        gcd_arena_reset(arena);
+    gcd_ctx c = gcd_ctx_make(arena);
+    gcd_tensor *in[GCD_MAX_INPUTS];
+    pr->inputs(&c, &o->cfg, 0, in);
+    for (int j = 0; j < pr->ninput; j++) {
+        res->input_name[j] = pr->input_name[j];
+        res->input_ndim[j] = in[j]->ndim;
+        memcpy(res->input_shape[j], in[j]->shape, sizeof res->input_shape[j]);
+        res->input_n[j] = in[j]->n;
+        if (root) res->inputs[j] = gcd_malloc((size_t)res->world * in[j]->n * sizeof(double));
     }
+    gcd_arena_reset(arena);
+}
+
+// how far each parameter moved from its starting values over the steps
+static void result_moved(const gcd_params *P, gcd_run_result *res) {
+    for (int i = 0; i < P->n; i++) {
+        gcd_param_result *p = &res->param[i];
+        double d2 = 0;
+        for (size_t k = 0; k < p->n; k++) d2 += (P->t[i]->data[k] - p->init[k]) * (P->t[i]->data[k] - p->init[k]);
+        p->moved = sqrt(d2);
+        p->moved_any = memcmp(P->t[i]->data, p->init, p->n * sizeof(double)) != 0;
+    }
+}
+
+void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
+    const gcd_probe *pr = o->probe;
+    int W = comm->world, root = comm->rank == 0;
+    result_start(o, W, root, res);
+
+    gcd_arena params_arena = { 0 }, own = { 0 }, *arena = o->arena ? o->arena : &own;
+    gcd_ctx pc = gcd_ctx_make(&params_arena);
+    gcd_params P = { 0 };
+    pr->init(&pc, &o->cfg, &P);
+    result_params(pr, &P, root, res);
+    result_inputs(o, arena, root, res);
 
     // rank 0's reference, on its own thread from here to the end of the first step (inline when no
     // thread can be started); a later mode of the same probe copies the one already computed
@@ -344,13 +369,7 @@ void gcd_run(gcd_comm *comm, const gcd_run_opts *o, gcd_run_result *res) {
         if (root && o->progress) o->progress(s + 1, res->nloss);
     }
     for (int i = 0; i < P.n; i++) free(mean[i]);
-    for (int i = 0; i < P.n; i++) {
-        gcd_param_result *p = &res->param[i];
-        double d2 = 0;
-        for (size_t k = 0; k < p->n; k++) d2 += (P.t[i]->data[k] - p->init[k]) * (P.t[i]->data[k] - p->init[k]);
-        p->moved = sqrt(d2);
-        p->moved_any = memcmp(P.t[i]->data, p->init, p->n * sizeof(double)) != 0;
-    }
+    result_moved(&P, res);
     gcd_arena_free(&own);   // o->arena's chunks stay, reset, for the next run's passes
     gcd_arena_free(&params_arena);
     res->tol = GCD_TOL;

@@ -124,6 +124,7 @@ __attribute__((target("avx2,fma"))) static void exp_fma4(double *y, const double
 // FMA, or either masked by GLIBC_TUNABLES) its roundings differ in about 1 value in 1000, and so do a
 // correctly rounded exp's (1 in 1300). The check below starts with values on which __exp_fma differs
 // from both (found by comparing them here), then spans every range: one difference keeps exp().
+// process-wide: the CPU and glibc a process runs on do not change under it, so the choice is made once
 static int fast;
 static pthread_once_t chosen = PTHREAD_ONCE_INIT;
 

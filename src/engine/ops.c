@@ -455,6 +455,7 @@ static double *din(gcd_ctx *c, gcd_node *nd, int i) {
 }
 
 #ifdef GCD_TEST_WRONG_OP   // built only into tests/test_blame: one op's backward off by a factor the test sets
+// process-wide test hooks (tests/test_blame sets them before a run; not in the program)
 int gcd_test_wrong_op = -1;
 double gcd_test_wrong_factor = 1;
 

@@ -5,6 +5,7 @@
  */
 #pragma once
 #include <cjson/cJSON.h>
+#include <stdio.h>
 
 #include "check/check.h"
 #include "diagnose/run.h"
@@ -46,8 +47,11 @@ cJSON *gcd_report_add_guard(cJSON *doc, const gcd_run_result *res);
 void gcd_report_add_expectation(cJSON *doc, const char *probe, const char *mode, const char *role, int met, const char *message);
 void gcd_report_finish(cJSON *doc, int exit_code, const char *error, int error_rank, double wall_seconds);
 // The document as JSON text (malloc'd): each double in the shortest form that reads back exactly.
-char *gcd_json_print(const cJSON *doc);
-int gcd_num_shortest(char buf[32], double v);   // report_io.c: the fewest digits (15..17, %g) that read back as v
+char *gcd_json_print(const cJSON *doc);                // report_print.c
+int gcd_json_print_file(const cJSON *doc, FILE *f);     // the text and a newline into f; 0 when a write failed (errno says why)
+int gcd_num_shortest(char buf[32], double v);          // the fewest digits (15..17, %g) that read back as v
+// ----------------------------------------------------------------------------
+// output (report_output.c)
 // Written whole or not at all: a temporary file beside path, then rename. "-": stdout.
 int gcd_report_write(const cJSON *doc, const char *path, char *err, size_t len);
 // The same for any text (the JUnit file): what names it in the message ("--junit: cannot write ...").
@@ -64,6 +68,8 @@ typedef struct {
 } gcd_output_id;
 int gcd_output_identity(const char *path, gcd_output_id *id);   // 0 when it cannot be told
 int gcd_output_same(const char *a, const char *b);               // two outputs that write into one file or stream
+// ----------------------------------------------------------------------------
+// reading (report_load.c)
 #define GCD_REPORT_MAX_BYTES (1ull << 30)   // a report over 1 GiB is refused before it is read
 #define GCD_REPORT_MAX_TREE 1073741824.0     // nor one whose tree would take over 1 GiB of memory (~13M values)
 // Reads, parses and checks a report (a regular file, or "-" for stdin); NULL with a one-line reason,
@@ -73,12 +79,12 @@ cJSON *gcd_report_load(const char *path, char *err, size_t len);
 cJSON *gcd_report_parse(const char *buf, size_t n, const char *name, char *err, size_t len);
 double gcd_json_num(const cJSON *v);   // numbers, and the strings "nan", "inf", "-inf"; NAN for null
 // A run's setup, from either the run itself (schema /1) or the top-level "setups" entry of its probe
-// (/2); NULL when it has none (check runs). In report_io.c, which the renderings and the fuzz target link.
+// (/2); NULL when it has none (check runs). In report_load.c, which the renderings and the fuzz target link.
 const cJSON *gcd_report_run_setup(const cJSON *doc, const cJSON *run);
 
 // ----------------------------------------------------------------------------
 // The renderings' view of doc: doc itself, or (*copy, to be freed) a copy whose strings are escaped
-// for a terminal (report_io.c); every rendering reads only this
+// for a terminal (report_load.c); every rendering reads only this
 const cJSON *gcd_report_safe(const cJSON *doc, cJSON **copy);
 // renderings: malloc'd text
 

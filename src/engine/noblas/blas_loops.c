@@ -26,6 +26,6 @@ char *openblas_get_config(void) {
     return words;
 }
 
-static int threads = 1;
+static int threads = 1;   // process-wide, as OpenBLAS's own setting that this stands in for
 void openblas_set_num_threads(int n) { threads = n; }
 int openblas_get_num_threads(void) { return threads; }
