@@ -5,9 +5,12 @@
 - the exit codes in README's "Exit status" table = the codes a report may hold (src/report/report_load.c)
 - the modes in README's "Gather modes" table = --mode's values in src/cli/options.c (less "all")
 - `report --format`'s values in README's "Commands" = --format's values in src/cli/options.c
+- every option on a `gradcheck-dist run|check|report` line of README.md and docs/*.md is in src/cli/options.c's
+  table (a doc never shows a flag the program refuses)
 
 usage: test_docs_code.py SOURCE_DIR
 """
+import glob
 import re
 import sys
 
@@ -61,7 +64,21 @@ same("gather modes", modes_doc, option_values(options_c, "--mode") - {"all"}, "R
 fmt = re.search(r"report FILE\|- \[--format ([\w|]+)\]", section(readme, "Commands"))
 same("report --format", set(fmt.group(1).split("|")) if fmt else set(), option_values(options_c, "--format"), "README.md", "src/cli/options.c")
 
+flags = set(re.findall(r'\{ OPT_\w+, "(--[a-z][a-z0-9-]*)"', options_c)) | {"--version"}
+shown = {}
+for doc in ["README.md"] + sorted(p[len(root) + 1:] for p in glob.glob(f"{root}/docs/*.md")):
+    for n, line in enumerate(read(doc).split("\n"), 1):
+        for cmd in re.finditer(r"gradcheck-dist (?:run|check|report)\b([^`\n|]*)", line):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", cmd.group(1)):
+                shown.setdefault(flag, []).append(f"{doc}:{n}")
+if len(shown) < 5:
+    failures.append(f"options: only {sorted(shown)} found on the docs' command lines; the pattern no longer reads them")
+unknown = {f: w for f, w in shown.items() if f not in flags}
+if unknown:
+    failures.append(f"options: the docs show {unknown} that src/cli/options.c has not")
+
+checks = 5
 for f in failures:
     print(f"FAIL {f}")
-print(f"{4 - len(failures)} passed, {len(failures)} failed")
+print(f"{checks - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
