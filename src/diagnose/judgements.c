@@ -197,12 +197,18 @@ static void say_nonfinite(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb 
     }
 }
 
-static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
-    (void)ids;
-    const gcd_run_result *res = v->res;
+// of the parameters a judgement picked, the one whose ranks differ most
+static const gcd_param_result *most_different(const gcd_run_result *res, const gcd_judged *j) {
     const gcd_param_result *worst = NULL;
     for (int i = 0; i < res->nparam; i++)
         if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+    return worst;
+}
+
+static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    const gcd_param_result *worst = most_different(res, j);
     gcd_sb_printf(m, "%s %s different gradients on different ranks after %s, where every rank must hold the same: ", j->names,
                   gcd_plural(j->n, "holds", "hold"), gcd_reducer_words(res->wrapper));
     if (j->n > 1) gcd_sb_printf(m, "%s differs most, ", worst->name);
@@ -228,9 +234,7 @@ static void say_rank_at(const gcd_run_result *res, gcd_sb *m, int k) {
 static void say_tp_copies(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     (void)ids;
     const gcd_run_result *res = v->res;
-    const gcd_param_result *worst = NULL;
-    for (int i = 0; i < res->nparam; i++)
-        if (j->pick(&res->param[i], NULL) && (!worst || res->param[i].diff_rel > worst->diff_rel)) worst = &res->param[i];
+    const gcd_param_result *worst = most_different(res, j);
     int base = worst->diff_base >= 0 ? worst->diff_base : worst->first, nd = 0;
     gcd_sb_printf(m, "%s: replicated across the tensor-parallel ranks, but the copies differ: a partial sum never all-reduced "
                      "(e.g. a sequence-parallel norm): ", j->names);

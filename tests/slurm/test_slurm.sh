@@ -15,8 +15,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/cluster.sh"
 fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-work=$(mktemp -d /tmp/gcd-slurm.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/gcd-slurm.XXXXXX")
 chmod 0755 "$work"
+# the daemons, the jobs and Open MPI's session directories (ompi.vm.*, which the PMIx server may still be
+# removing when a step has ended) keep their temporaries in $work, removed with it
+mkdir -m 1777 "$work/t" && export TMPDIR=$work/t
 mark="--seed $((600000 + $$))"   # this test's long job, told apart from another copy of this test running
 trap 'slurm_stop; pkill -KILL -f -- "$mark" 2>/dev/null; rm -rf "$work"' EXIT
 slurm_start "$work/slurm"

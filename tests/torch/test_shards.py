@@ -59,6 +59,7 @@ def _worker(rank, how, outdir, port):
     x = batch().chunk(WORLD)[rank]
     wrapped(x).backward()
     dump_grads(wrapped, os.path.join(outdir, f"rank{rank}.safetensors"))
+    dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 

@@ -202,6 +202,7 @@ def _torch_tp(rank, world, how, outdir, port, seed=1, fault=None):
         with open(os.path.join(outdir, "placements.json"), "w") as f:
             json.dump({n: str(p.grad.placements) for n, p in m.named_parameters()}, f)
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
+    dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 
@@ -296,6 +297,7 @@ def _placed(rank, world, placements, outdir, port):
 
     m(DTensor.from_local(_cube_x(), mesh, [Replicate()] * len(shape))).backward()
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
+    dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 
@@ -407,6 +409,7 @@ def _megatron(rank, world, how, outdir, port):
         dist.all_reduce(p.grad, group=dp_groups[t])
         p.grad /= dp
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
+    dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 
@@ -457,4 +460,5 @@ def _refusals(rank, world, outdir, port):
         tp_layout(m, None)
     if rank == 0:
         open(os.path.join(outdir, "ok"), "w").write("ok")
+    dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
