@@ -23,7 +23,8 @@ from .layout import Shard, tp_layout
 with open(os.path.join(os.path.dirname(__file__), "VERSION")) as _f:   # the one version: CMake reads it too
     __version__ = _f.read().strip()
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
-           "run_check", "check_ddp", "check_tp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
+           "run_check", "check_ddp", "check_tp", "check_lightning", "GradcheckFailure", "DumpPathError", "track",
+           "track_precision",
            "all_gather_with_grad", "clean_name", "guard", "Guard", "GradcheckFinding", "GradcheckGuard",
            "tp_layout", "Shard"]
 
