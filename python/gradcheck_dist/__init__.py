@@ -3,7 +3,7 @@
     dump_grads(model, path)            every trainable parameter's .grad (stage "reduced")
     LocalGradCapture(model).dump(path) each rank's own gradient before DDP's all-reduce (stage "local")
     GradcheckDump(dirpath, step=0)     Lightning Callback (Lightning imported on first use)
-    check_ddp(...), check_lightning(...), run_check(...)   see harness.py
+    check_ddp(...), check_tp(...), check_lightning(...), run_check(...)   see harness.py
     snippet()                          the recipe `gradcheck-dist check --snippet` prints
     all_gather_with_grad(x)            a gather whose backward carries gradients, current on every torch
     guard(model, every=N)              a check inside training every N steps (the C classifier, in-process);
@@ -23,7 +23,8 @@ from .layout import Shard, tp_layout
 with open(os.path.join(os.path.dirname(__file__), "VERSION")) as _f:   # the one version: CMake reads it too
     __version__ = _f.read().strip()
 __all__ = ["dump_grads", "write_dump", "read_dump", "LocalGradCapture", "GradcheckDump", "snippet",
-           "run_check", "check_ddp", "check_lightning", "GradcheckFailure", "DumpPathError", "track", "track_precision",
+           "run_check", "check_ddp", "check_tp", "check_lightning", "GradcheckFailure", "DumpPathError", "track",
+           "track_precision",
            "all_gather_with_grad", "clean_name", "guard", "Guard", "GradcheckFinding", "GradcheckGuard",
            "tp_layout", "Shard"]
 
@@ -50,7 +51,7 @@ def __getattr__(name):  # Lightning and the harness only when asked for
         from . import lightning
 
         return getattr(lightning, name)
-    if name in ("run_check", "check_ddp", "check_lightning", "GradcheckFailure"):
+    if name in ("run_check", "check_ddp", "check_tp", "check_lightning", "GradcheckFailure"):
         from . import harness
 
         return getattr(harness, name)

@@ -405,43 +405,68 @@ def _not_joining(loss, world):
     return [r for r, f in enumerate(flags) if not int(f.item())]
 
 
+def _child(name, outdir, body):
+    """A child's whole life: body(), and on any failure its traceback in error-NAME.txt and exit 1."""
+    try:
+        body()
+    except BaseException:
+        try:
+            from .dump import safe_write
+
+            safe_write(os.path.join(outdir, f"error-{name}.txt"), traceback.format_exc())
+        except BaseException:
+            traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _init_group(rank, world, initfile, timeout):
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=max(1, int(timeout))))
+
+
+def _reference(make_model, step, batch, seed, outdir, precision, references):
+    """The single-process reference: no process group, the whole batch, step(model, batch, 0, 1); with
+    references=2 again, re-seeded identically, the rows permuted (ref-permuted.safetensors: the noise)."""
+    import torch
+
+    from .dump import dump_grads, track
+
+    times = []
+    for order in ("given", "permuted")[:references]:
+        t0 = time.perf_counter()
+        torch.manual_seed(seed)
+        model = make_model()
+        track(model)
+        rows = batch if order == "given" else _permute(batch, permutation(_rows(batch)))
+        step(model, rows, 0, 1).backward()
+        extra = {"gradcheck.order": "permuted"} if order == "permuted" else None
+        dump_grads(model, os.path.join(outdir, "ref.safetensors" if order == "given" else "ref-permuted.safetensors"),
+                   rank=0, world=1, precision=precision, extra_metadata=extra)
+        times.append(time.perf_counter() - t0)
+    with open(os.path.join(outdir, "ref-times.json"), "w") as f:
+        json.dump(times, f)
+
+
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
                 references=2, accumulate=1, strategy="ddp"):
-    name = "ref" if rank is None else f"rank{rank}"
-    try:
+    def body():
         if one_thread:
             _one_thread()
-        import datetime
-
         import torch
         import torch.distributed as dist
 
-        from .dump import LocalGradCapture, dump_grads, track
+        from .dump import LocalGradCapture, dump_grads
 
         make_model, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
-        if rank is None:  # the single-process reference: no process group, the whole batch
-            t0 = time.perf_counter()
-            torch.manual_seed(seed)
-            model = make_model()
-            track(model)
-            step(model, batch, 0, 1).backward()
-            dump_grads(model, os.path.join(outdir, "ref.safetensors"), rank=0, world=1, precision=precision)
-            times = [time.perf_counter() - t0]
-            if references == 2:  # the same step, re-seeded identically, its rows in another order: the noise
-                t0 = time.perf_counter()
-                torch.manual_seed(seed)
-                model = make_model()
-                track(model)
-                step(model, _permute(batch, permutation(_rows(batch))), 0, 1).backward()
-                dump_grads(model, os.path.join(outdir, "ref-permuted.safetensors"), rank=0, world=1,
-                           precision=precision, extra_metadata={"gradcheck.order": "permuted"})
-                times.append(time.perf_counter() - t0)
-            with open(os.path.join(outdir, "ref-times.json"), "w") as f:
-                json.dump(times, f)
-            return
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=max(1, int(timeout))))
+        if rank is None:
+            return _reference(make_model, step, batch, seed, outdir, precision, references)
+        _init_group(rank, world, initfile, timeout)
         try:
             torch.manual_seed(seed)
             model = make_model()
@@ -461,15 +486,34 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
         finally:
             dist.destroy_process_group()
-    except BaseException:
-        try:
-            from .dump import safe_write
+    _child("ref" if rank is None else f"rank{rank}", outdir, body)
 
-            safe_write(os.path.join(outdir, f"error-{name}.txt"), traceback.format_exc())
-        except BaseException:
-            traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+
+def _tp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, one_thread, references, mesh):
+    def body():
+        if one_thread:
+            _one_thread()
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from .dump import dump_grads
+
+        make_model, parallelize, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        if rank is None:   # the unparallelised model: parallelize is never called
+            return _reference(make_model, step, batch, seed, outdir, precision, references)
+        _init_group(rank, world, initfile, timeout)
+        try:
+            dm = init_device_mesh("cpu", tuple(mesh), mesh_dim_names=("dp", "tp"))
+            torch.manual_seed(seed)
+            model = make_model()
+            model = parallelize(model, dm) or model
+            d = dm.get_coordinate()[0]   # every tp rank of dp replica d: the same shard
+            step(model, _shard(batch, d, mesh[0]), d, mesh[0]).backward()
+            dump_grads(model, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
+        finally:
+            dist.destroy_process_group()
+    _child("ref" if rank is None else f"rank{rank}", outdir, body)
 
 
 def _start_method(start_method, payload):
@@ -575,37 +619,36 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
-    if references not in (1, 2):
-        raise ValueError(f"references must be 1 or 2, not {references!r}")
-    if references == 2:   # a batch whose rows cannot be permuted alike: one reference, said (check may say undecided)
-        try:
-            _permute(batch, permutation(_rows(batch)))
-        except (ValueError, TypeError, IndexError) as e:
-            import warnings
-
-            warnings.warn(f"check_ddp: no second reference ({e}); each tensor is judged on its claimed tolerance alone",
-                          stacklevel=2)
-            references = 1
+    references = _no_second_reference(batch, references, "check_ddp")
     bin_path = find_binary(binary)  # before any rank starts
+    method, payload = _start_method(start_method, (make_model, step, batch))
+    return _run_ranks(f"check_ddp world {world}", "gcd-ddp-", _ddp_worker, world, method,
+                      (payload, seed, None, None, timeout, precision, find_unused_parameters, one_thread, references,
+                       accumulate, strategy),
+                      ["reduced"] + (["local"] if strategy == "ddp" else []), workdir, timeout, references, ignore, tol,
+                      bin_path)
+
+
+def _run_ranks(what, prefix, worker, world, method, args, dumps, workdir, timeout, references, ignore, tol, bin_path):
+    """check_ddp's and check_tp's processes: worker(rank, world, *args) for ranks 0..world-1 and the reference
+    (rank None), args' outdir and initfile (its 3rd and 4th) filled in here; every one bounded by `timeout`, the
+    first failure named; then `check` on the dumps (outdir's subfolders `dumps`) against ref.safetensors (and
+    ref-permuted.safetensors): the report, or GradcheckFailure / HarnessError naming the kept workdir."""
     import torch.multiprocessing as mp
 
-    method, payload = _start_method(start_method, (make_model, step, batch))
     own = workdir is None
-    outdir = tempfile.mkdtemp(prefix="gcd-ddp-") if own else os.path.abspath(os.fspath(workdir))
-    what = f"check_ddp world {world}"
+    outdir = tempfile.mkdtemp(prefix=prefix) if own else os.path.abspath(os.fspath(workdir))
     ok = False
     procs, pgdir = [], tempfile.mkdtemp(prefix="gcd-pg-")   # gloo's init file: private, never in a shared workdir
     try:
         _prepare_workdir(outdir)
-        initfile = os.path.join(pgdir, "init")
+        args = args[:2] + (outdir, os.path.join(pgdir, "init")) + args[4:]
         ctx = mp.get_context(method)
         if method == "forkserver":
             ctx.set_forkserver_preload(["torch", "torch.distributed"])  # never this package: the children take the caller's sys.path
         ranks = list(range(world)) + [None]
         names = [f"rank {r}" for r in range(world)] + ["the single-process reference"]
-        procs = [ctx.Process(target=_ddp_worker, daemon=True,
-                             args=(r, world, payload, seed, outdir, initfile, timeout, precision,
-                                   find_unused_parameters, one_thread, references, accumulate, strategy)) for r in ranks]
+        procs = [ctx.Process(target=worker, daemon=True, args=(r, world) + args) for r in ranks]
         for p in procs:
             p.start()
         try:
@@ -624,8 +667,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         refs = [os.path.join(outdir, "ref.safetensors")]
         if references == 2:
             refs.append(os.path.join(outdir, "ref-permuted.safetensors"))
-        dumps = [os.path.join(outdir, "reduced")] + ([os.path.join(outdir, "local")] if strategy == "ddp" else [])
-        rc, report, text = run_check(dumps,
+        rc, report, text = run_check([os.path.join(outdir, d) for d in dumps],
                                      ref=refs, ignore=ignore, tol=tol, binary=bin_path,
                                      json_path=os.path.join(outdir, "report.json"))
         out = _verdict(rc, report, text, what, outdir, bin_path)
@@ -639,6 +681,49 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         shutil.rmtree(pgdir, ignore_errors=True)
         if own and ok is not None:   # a pass, or an interrupt or error that names no directory: removed
             shutil.rmtree(outdir, ignore_errors=True)
+
+
+def _no_second_reference(batch, references, caller):
+    """references, or 1 (with a warning) when the batch's rows cannot be permuted alike."""
+    if references not in (1, 2):
+        raise ValueError(f"references must be 1 or 2, not {references!r}")
+    if references == 2:   # a batch whose rows cannot be permuted alike: one reference, said (check may say undecided)
+        try:
+            _permute(batch, permutation(_rows(batch)))
+        except (ValueError, TypeError, IndexError) as e:
+            import warnings
+
+            warnings.warn(f"{caller}: no second reference ({e}); each tensor is judged on its claimed tolerance alone",
+                          stacklevel=3)
+            references = 1
+    return references
+
+
+def check_tp(make_model, parallelize, step, batch, mesh=(1, 2), seed=0, ignore=(), tol=None, binary=None, workdir=None,
+             timeout=300, start_method=None, precision=None, one_thread=True, references=2):
+    """Checks one tensor-parallel (and data-parallel) step against the unparallelised model in one process.
+
+    mesh=(dp, tp): dp * tp gloo ranks on a DeviceMesh init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp",
+    "tp")). On every rank: torch.manual_seed(seed), make_model(), then parallelize(model, mesh) (parallelize_module
+    on mesh["tp"], fully_shard on mesh["dp"] when dp > 1, tp_layout: whatever the training does; it may return the
+    model or None), then step(model, shard, d, dp).backward() where d is the rank's dp coordinate and shard the d-th
+    of dp equal slices of `batch` on dim 0: the same shard on every tp rank of replica d. The tp ranks' backward
+    together must compute replica d's loss (a loss on a replicated output, or each rank's sum over its sequence
+    shard); with dp > 1 parallelize's data-parallel wrapper averages the replicas. Then dump_grads on every rank
+    (each piece and its placements) and `check` on them against the reference: make_model() with
+    step(model, batch, 0, 1) (and its permuted second reference, references=2), exactly as check_ddp; returns the
+    report or raises GradcheckFailure / HarnessError as check_ddp does (workdir: reduced/, ref*.safetensors).
+    """
+    if (not isinstance(mesh, (tuple, list)) or len(mesh) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in mesh)):
+        raise ValueError(f"mesh must be (dp, tp), two ints >= 1, not {mesh!r}")
+    _check_world(mesh[0] * mesh[1])
+    references = _no_second_reference(batch, references, "check_tp")
+    bin_path = find_binary(binary)  # before any rank starts
+    method, payload = _start_method(start_method, (make_model, parallelize, step, batch))
+    return _run_ranks(f"check_tp mesh (dp {mesh[0]}, tp {mesh[1]})", "gcd-tp-", _tp_worker, mesh[0] * mesh[1], method,
+                      (payload, seed, None, None, timeout, precision, one_thread, references, tuple(mesh)),
+                      ["reduced"], workdir, timeout, references, ignore, tol, bin_path)
 
 
 # ---- Lightning: one subprocess per Trainer (Lightning relaunches the script for ranks 1..N-1)

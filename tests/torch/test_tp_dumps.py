@@ -20,7 +20,8 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
-from gradcheck_dist import Shard, dump_grads, read_dump, tp_layout, write_dump  # noqa: E402
+from gradcheck_dist import Shard, check_tp, dump_grads, read_dump, tp_layout, write_dump  # noqa: E402
+from gradcheck_dist.harness import GradcheckFailure  # noqa: E402
 
 H, F, S, B = 8, 10, 8, 2   # hidden, ffn (10: uneven over 4), sequence (split over tp), batch (split over dp)
 
@@ -264,6 +265,59 @@ def test_torch_tp_should_pass_check_on_other_seeds(tmp_path, world, how, seed):
 def test_torch_tp_faults_should_be_caught_and_named(tmp_path, fault, words):
     _spawn(_torch_tp, 2, "tp", str(tmp_path), seed=1, fault=fault)
     check(str(tmp_path), 2, reference(1, _ffn(2, "tp")), 1, *words)
+
+
+# ---- the harness in one line: check_tp (issue 39 item 5), called as docs/python.md shows
+
+
+def tp_sp(m, mesh):
+    """TP + SP on mesh["tp"]: the block's input arrives whole on every tp rank and is split along the sequence;
+    FSDP2 over mesh["dp"] when dp > 1."""
+    from torch.distributed.tensor import Replicate, Shard as TShard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    parallelize_module(m, mesh["tp"], PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(TShard(1),)))
+    parallelize_module(m, mesh["tp"], {"norm": SequenceParallel(), "fc1": ColwiseParallel(input_layouts=TShard(1)),
+                                       "fc2": RowwiseParallel(output_layouts=TShard(1))})
+    if mesh["dp"].size() > 1:
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard
+        fully_shard(m, mesh=mesh["dp"])
+
+
+def tp_sp_norm_unreduced(m, mesh):
+    """tp_sp, but the norm's Partial gradient is re-labelled Replicate as it lands: never all-reduced over tp."""
+    tp_sp(m, mesh)
+    for p in m.norm.parameters():
+        p.register_post_accumulate_grad_hook(_as_replicated)
+
+
+def _as_replicated(p):
+    from torch.distributed.tensor import DTensor, Replicate
+
+    p.grad = DTensor.from_local(p.grad.to_local(), p.grad.device_mesh, [Replicate()], run_check=False)
+
+
+def sp_step(m, x, rank, world):
+    """Each tp rank's loss is its sequence shard's sum (the tp ranks' losses add up to the replica's), per row."""
+    return m(x).pow(2).sum() / x.shape[0]
+
+
+@pytest.mark.parametrize("mesh", [(1, 2), (2, 2)])
+def test_check_tp_should_pass_tp_sp(mesh):
+    report = check_tp(Block, tp_sp, sp_step, data(), mesh=mesh)
+    assert not [f for f in report["runs"][0]["findings"] if f.get("counts")], report
+
+
+def test_check_tp_should_name_a_norm_left_partial(tmp_path):
+    with pytest.raises(GradcheckFailure) as e:
+        check_tp(Block, tp_sp_norm_unreduced, sp_step, data(), mesh=(1, 2), workdir=tmp_path)
+    text = re.sub(r"\s+", " ", str(e.value))
+    assert "norm.weight and norm.bias: replicated across the tensor-parallel ranks, but the copies differ" in text, text
+    assert "fc1" not in text and "fc2" not in text, text
 
 
 # ---- DTensors placed by hand: Shard(d) for every d, on 1-D and 2-D meshes
