@@ -405,6 +405,15 @@ def _not_joining(loss, world):
     return [r for r, f in enumerate(flags) if not int(f.item())]
 
 
+def _drop_torch_tempdir():
+    """Importing torch.distributed.nn (torch 1.13) makes a temporary directory, its jit instantiator's, removed
+    only at interpreter exit, which a multiprocessing child never reaches (it leaves with os._exit): removed here.
+    Left, every rank of every check_ddp call leaves one in the temporary folder."""
+    tmp = getattr(sys.modules.get("torch.distributed.nn.jit.instantiator"), "_TEMP_DIR", None)
+    if tmp is not None:
+        tmp.cleanup()
+
+
 def _child(name, outdir, body):
     """A child's whole life: body(), and on any failure its traceback in error-NAME.txt and exit 1."""
     try:
@@ -417,7 +426,9 @@ def _child(name, outdir, body):
         except BaseException:
             traceback.print_exc()
         sys.stderr.flush()
+        _drop_torch_tempdir()
         os._exit(1)
+    _drop_torch_tempdir()
 
 
 def _init_group(rank, world, initfile, timeout):

@@ -215,6 +215,24 @@ def test_snippet_should_name_both_recipes():
     assert "dump_grads" in s and "GradcheckDump" in s and "gradcheck-dist check" in s and "track(" in s and "ref-permuted" in s and len(s.splitlines()) == 10
 
 
+def test_check_ddp_should_leave_no_torch_temporaries():
+    # issue 33: every rank imports torch.distributed.nn, whose jit instantiator makes a temporary directory
+    # that only interpreter exit removes; a multiprocessing child never gets there (os._exit), so each rank of
+    # each call left one (in the temporary folder it was started with, /tmp once that one was gone)
+    import glob
+    import tempfile
+
+    def torch_temporaries():
+        return {p for root in {tempfile.gettempdir(), os.environ.get("TMPDIR", "/tmp"), "/tmp"}
+                for p in glob.glob(os.path.join(root, "tmp*", "_remote_module_non_scriptable.py"))}
+
+    before = torch_temporaries()
+    for start_method in (None, "spawn"):
+        check_ddp(make_clip, step_grad, batch_for(2), world=2, start_method=start_method)
+    left = torch_temporaries() - before
+    assert not left, f"check_ddp's ranks left torch's temporary directories: {sorted(left)}"
+
+
 def test_spawned_ranks_should_work_too():
     report = check_ddp(make_clip, step_grad, batch_for(2), world=2, start_method="spawn")
     assert set(statuses(report).values()) == {"ok"}, statuses(report)
