@@ -26,8 +26,8 @@ from .dump import clean_name, collect, track, unwrap
 ABI = 1
 COLS = 7  # name hash, present, non-finite, first non-finite, norm, ran, sharded (src/guard/guard.h)
 MAX_DIM = 8
-ROW = 1024  # the sketch's projections: a chunk of CHUNK elements is a (CHUNK // ROW, ROW) matrix G, and
-CHUNK = ROW * 256  # s = (G w) R with w (ROW) and R (CHUNK // ROW, K) drawn from (seed, parameter, chunk)
+ROW = 4096  # the sketch's projections: a gradient read as rows of ROW elements is a matrix G, its sketch
+CHUNK = ROW * 1024  # s = (G w) R with signs w (ROW) and R (rows, K) hashed from (seed, parameter): CHUNK at a time
 TOL = 1e-4  # relative difference between two ranks' gradients that counts (docs/guard.md: why)
 
 log = logging.getLogger("gradcheck_dist.guard")
@@ -126,57 +126,93 @@ def _seed(base, name):
     return (base * 0x9E3779B1 + zlib.crc32(name.encode())) & 0x7FFFFFFF
 
 
+M32 = 0xFFFFFFFF
+
+
+def _mix(x):
+    """A 32-bit integer hash (x: int64 values below 2**32, every product below 2**63): the projections' signs."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & M32
+    return x ^ (x >> 15)
+
+
+def _signs(rows, k, seed, dt):
+    """(len(rows), k) of +1 and -1: sign j of row r is bit j % 32 of a 32-bit hash of (seed, r, j // 32): the same on
+    every device and every torch (no generator)."""
+    import torch
+
+    j = torch.arange(k, device=rows.device)
+    key = rows.unsqueeze(1) * (-(-k // 32)) + j // 32
+    h = _mix(_mix((key & M32) ^ (seed & M32)) ^ (key >> 32))
+    return (1 - 2 * ((h >> (j % 32)) & 1)).to(dt)
+
+
+_W = {}   # (device, dtype) -> the column signs w: one vector for every parameter (R is the parameter's own)
+
+
+def _column_signs(dev, dt):
+    import torch
+
+    key = (str(dev), dt)
+    if key not in _W:
+        _W[key] = _signs(torch.arange(ROW, device=dev), 1, 0x5EED, dt).view(ROW)
+    return _W[key]
+
+
 def _sketch(g, start, seed, k):
-    """sum over g's elements i (global index start + i in its parameter) of g_i r(i), r(i) a K-vector drawn from
-    (seed, chunk of i): r(i)_j = w[col] R[row, j] where i's chunk is a (CHUNK // ROW, ROW) matrix. Linear, so the
-    sketches of a parameter's shards add to the whole one's. Holds one chunk's w and R at once, and copies nothing
-    of g (a row cut by a shard's edge is a dot product with the matching part of w). Returns (sketch, ||g||^2): the
-    sum of squares is taken chunk by chunk too, while the chunk (1 MiB of float32) is still in the cache."""
+    """sum over g's elements i (global index start + i in its parameter) of g_i r(i), with r(i)_j = w[c] R[row, j]
+    for i's column c = i % ROW and row = i // ROW, the signs w (ROW, the same for every parameter) and R (rows, K)
+    hashed from the column and from (seed, row): device-independent, so a dump made on a GPU and a reference made on a CPU project alike, and linear,
+    so the sketches of a parameter's shards add to the whole one's. E[s_j^2] = ||g||^2. Per chunk of up to CHUNK
+    elements: v = G w over its whole rows (one matrix-vector product; the cut rows at a shard's edges as dot
+    products), s += v R, and the sum of squares row by row (each row's in float32, their sum in float64). Copies nothing of g but a float16/bfloat16 chunk converted to
+    float32. Returns (sketch float64 (k,), ||g||^2 float64)."""
     import torch
 
     dev = g.device
     dt = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
+    w = _column_signs(dev, dt)
     acc = torch.zeros(k, dtype=torch.float64, device=dev)
     ss = torch.zeros((), dtype=torch.float64, device=dev)
-    gen = torch.Generator(device=dev)
     n, pos = g.numel(), 0
     while pos < n:
-        at = start + pos
-        c = at // CHUNK
-        lo = at - c * CHUNK
-        hi = min(CHUNK, lo + (n - pos))
-        gen.manual_seed((seed * 1000003 + c) & 0x7FFFFFFFFFFFFFFF)
-        w = torch.randn(ROW, generator=gen, device=dev, dtype=dt)
-        R = torch.randn(CHUNK // ROW, k, generator=gen, device=dev, dtype=dt)
-        piece = g[pos:pos + hi - lo]
-        ss += piece.to(dt).dot(piece.to(dt)).double() if piece.dtype == dt else piece.to(dt).pow(2).sum().double()
-        v = torch.zeros(CHUNK // ROW, dtype=dt, device=dev)
-        r0, r1 = -(-lo // ROW), hi // ROW  # whole rows r0..r1
+        piece = g[pos:pos + CHUNK - (start + pos) % ROW].to(dt)   # a chunk ends at a row's end
+        lo, m = start + pos, piece.numel()
+        r0, r1 = -(-lo // ROW), (lo + m) // ROW   # whole rows r0..r1 (global)
+        a = r0 * ROW - lo
         if r0 < r1:
-            a = r0 * ROW - lo
-            v[r0:r1] = piece[a:a + (r1 - r0) * ROW].to(dt).view(r1 - r0, ROW).mv(w)
-        else:
-            r0 = r1 = lo // ROW + 1
-        for row, a, b in ((lo // ROW, lo, min(hi, r0 * ROW)), (r1, max(lo, r1 * ROW), hi)):  # cut rows
-            if a < b:
-                v[row] += piece[a - lo:b - lo].to(dt).dot(w[a - row * ROW:b - row * ROW])
-        acc += (v @ R).double()
-        pos += hi - lo
+            G = piece[a:a + (r1 - r0) * ROW].view(r1 - r0, ROW)
+            ss += torch.linalg.vector_norm(G, dim=1).double().square().sum()   # per row: exact to ~1e-8
+            acc += G.mv(w).double() @ _signs(torch.arange(r0, r1, device=dev), k, seed + 1, torch.float64)
+        for row, b, e in ((lo // ROW, 0, min(m, a)), (r1, max(a, (r1 - r0) * ROW + a), m)):   # cut rows
+            if b < e:
+                c = (lo + b) % ROW
+                ss += piece[b:e].dot(piece[b:e]).double()
+                x = piece[b:e].dot(w[c:c + e - b]).double()
+                acc += x * _signs(torch.tensor([row], device=dev), k, seed + 1, torch.float64).view(k)
+        pos += m
     return acc, ss
 
 
-def _row(name, g, shard, ran, k, seed, dev):
-    """One rank's summary of one parameter, on g's device (no host sync: summarise checks every norm at once)."""
+def _small_sketches(gs, seeds, k):
+    """_sketch(g, 0, seed, k) of many whole gradients of at most ROW elements each (one row: row 0) at once, on their
+    device: (sketches (n, k), sums of squares (n,)), float64. They are copied into one buffer (their total size:
+    small by definition), so a model's hundreds of biases and norms cost a handful of operations, not hundreds."""
     import torch
 
-    head = [float(zlib.crc32(name.encode())), float(g is not None), 0.0, -1.0, 0.0, float(ran), float(shard is not None)]
-    row = torch.tensor(head + [0.0] * k, dtype=torch.float64, device=g.device if g is not None else dev)
-    if g is not None and g.numel():
-        g = g.detach().reshape(-1)
-        sk, ss = _sketch(g, int(shard["start"]) if shard is not None else 0, _seed(seed, name), k)
-        row[4] = ss.sqrt()  # not finite, or 0 where the values are not: summarise looks again (_fix)
-        row[COLS:] = sk
-    return row.to(dev)
+    dev = gs[0].device
+    dt = torch.float64 if any(g.dtype == torch.float64 for g in gs) else torch.float32
+    flat = torch.cat([g.detach().reshape(-1).to(dt) for g in gs])
+    sizes = torch.tensor([g.numel() for g in gs], device=dev)
+    pid = torch.repeat_interleave(torch.arange(len(gs), device=dev), sizes)
+    cols = torch.arange(flat.numel(), device=dev) - (torch.cumsum(sizes, 0) - sizes)[pid]
+    zero = torch.zeros(len(gs), dtype=torch.float64, device=dev)
+    v = zero.index_add(0, pid, (flat * _column_signs(dev, dt)[cols]).double())
+    ss = zero.index_add(0, pid, flat.double().square())
+    seed = torch.tensor(seeds, device=dev).unsqueeze(1) + 1
+    return v.unsqueeze(1) * _signs(torch.zeros(len(gs), dtype=torch.long, device=dev), k, seed, torch.float64), ss
 
 
 def _fix(row, g):
@@ -238,21 +274,38 @@ class Guard:
         return dist, dist.get_rank(self.group), dist.get_world_size(self.group), dev
 
     def summarise(self, dev):
-        """(names, shapes, (nparam, COLS + k) float64 tensor on dev) of this rank's gradients now."""
+        """(names, shapes, (nparam, COLS + k) float64 tensor on dev) of this rank's gradients now. No host sync but
+        one: the parameters whose norm is not finite or zero are looked at again (_fix), all found at once."""
+        import torch
+
         from .dump import _tracked
 
         t = _tracked(self.model)
         ran = t.ran if t is not None else set()
-        names, shapes, rows, grads = [], [], [], []
-        for name, g, shard in collect(self.model):
+        names, shapes, head, grads, big, small = [], [], [], [], [], {}
+        for i, (name, g, shard) in enumerate(collect(self.model)):
             did = name in ran if name in self.known else g is not None
             names.append(name)
             shapes.append(list(shard["shape"]) if shard is not None else self.shapes.get(name, list(g.shape) if g is not None else [0]))
-            rows.append(_row(name, g, shard, did, self.k, self.seed, dev))
+            head.append([float(zlib.crc32(name.encode())), float(g is not None), 0.0, -1.0, 0.0, float(did),
+                         float(shard is not None)] + [0.0] * self.k)
             grads.append(g)
-        import torch
-
-        table = torch.stack(rows) if rows else torch.zeros(0, COLS + self.k, dtype=torch.float64, device=dev)
+            if g is None or not g.numel():
+                continue
+            if shard is None and g.numel() <= ROW:
+                small.setdefault(g.device, []).append(i)   # a whole gradient of one row: sketched together
+            else:
+                big.append((i, int(shard["start"]) if shard is not None else 0))
+        table = torch.tensor(head, dtype=torch.float64, device=dev).view(len(head), COLS + self.k)
+        for i, start in big:
+            sk, ss = _sketch(grads[i].detach().reshape(-1), start, _seed(self.seed, names[i]), self.k)
+            table[i, 4] = ss.sqrt().to(dev)   # not finite, or 0 where the values are not: looked at again below (_fix)
+            table[i, COLS:] = sk.to(dev)
+        for idx in small.values():
+            sk, ss = _small_sketches([grads[i] for i in idx], [_seed(self.seed, names[i]) for i in idx], self.k)
+            at = torch.tensor(idx, device=dev)
+            table[at, 4] = ss.sqrt().to(dev)
+            table[at, COLS:] = sk.to(dev)
         norms = table[:, 4]
         odd = (~torch.isfinite(norms) | (norms == 0)) & (table[:, 1] != 0)
         for i in odd.nonzero().flatten().tolist():  # one host sync for all of them; these are rare

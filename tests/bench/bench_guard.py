@@ -77,8 +77,9 @@ def _rank(rank, port, rounds, steps, out):
     dist.all_gather_object(all_t, {"times": times})
     if rank == 0:
         npar = len(report["runs"][0]["params"])
-        # the guard's tensors: its table and the gathered ones (float64), one chunk's projections w, R and v
-        guard_bytes = 8 * npar * (COLS + K) * (1 + 2 * WORLD) + 4 * (ROW + (CHUNK // ROW) * (K + 1))
+        # the guard's tensors: its table and the gathered ones (float64), the column signs w (float32), and one
+        # chunk's R (float64) with the int64 hashes it is drawn from, v and v in float64
+        guard_bytes = 8 * npar * (COLS + K) * (1 + 2 * WORLD) + 4 * ROW + (CHUNK // ROW) * (32 * K + 16)
         slow = {k: [max(t["times"][k][i] for t in all_t) for i in range(rounds * steps)] for k in times}  # the step ends at the barrier
         med = {k: statistics.median(v) for k, v in slow.items()}
         ratio = {k: statistics.median((a - b) / b for a, b in zip(slow[k], slow["plain"])) for k in ("idle", "judged")}
@@ -96,17 +97,26 @@ def _rank(rank, port, rounds, steps, out):
     dist.destroy_process_group()
 
 
-def memory():
-    """(peak RSS KiB one judged check adds, its seconds) in this process: the model and its gradients made first."""
+def memory(rounds):
+    """In this process, one thread, no process group: (peak RSS KiB one judged check adds, then the medians over
+    `rounds` interleaved rounds of a forward + backward and of a judged check, in seconds)."""
     torch.set_num_threads(1)
     model = make()
     g = guard(model, every=1, k=K)
-    model(torch.randn(BATCH, WIDTH)).pow(2).mean().backward()
+    x = torch.randn(BATCH, WIDTH)
+    model(x).pow(2).mean().backward()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
     g.check(0)
-    t = time.perf_counter() - t0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    fb, ck = [], []
+    for i in range(rounds):
+        model.zero_grad()
+        t0 = time.perf_counter()
+        model(x).pow(2).mean().backward()
+        t1 = time.perf_counter()
+        g.check(i)
+        fb.append(t1 - t0), ck.append(time.perf_counter() - t1)
+    return rss, statistics.median(fb), statistics.median(ck), statistics.median(c / f for c, f in zip(ck, fb))
 
 
 def main():
@@ -117,7 +127,7 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rss_added, check_s = memory()
+    rss_added, fb_s, check_s, check_ratio = memory(max(a.rounds, 5))
     out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"bench_guard_{os.getpid()}.json")
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank, args=(r, port, a.rounds, a.steps, out)) for r in range(WORLD)]
@@ -134,6 +144,7 @@ def main():
         res = json.load(f)
     os.unlink(out)
     res["peak_rss_added_kib"], res["check_seconds_one_process"] = rss_added, check_s
+    res["fwd_bwd_seconds_one_process"], res["check_over_fwd_bwd_one_process"] = fb_s, check_ratio
     print(json.dumps(res))
     m = res["median_step_s"]
     print(f"{res['params'] / 1e6:.1f}M parameters ({res['tensors']} tensors), world {WORLD} gloo, {res['cores']} cores, torch {res['torch']}")
@@ -141,7 +152,9 @@ def main():
     print(f"overhead: every=1 {100 * res['overhead_every1']:.1f} %, every=100 {100 * res['overhead_every100']:.2f} % "
           f"(of which the hooks and the call at a step not judged: {100 * res['overhead_idle']:.2f} %)")
     print(f"guard memory {res['guard_bytes'] / 1024:.0f} KiB per rank (a gradient copy would be {res['gradient_bytes'] / 2**20:.0f} MiB); "
-          f"one judged check adds {res['peak_rss_added_kib']} KiB of peak RSS and takes {res['check_seconds_one_process'] * 1e3:.0f} ms in one process")
+          f"one judged check adds {res['peak_rss_added_kib']} KiB of peak RSS")
+    print(f"one process, one thread: forward + backward {res['fwd_bwd_seconds_one_process'] * 1e3:.1f} ms, a judged check "
+          f"{res['check_seconds_one_process'] * 1e3:.1f} ms ({100 * res['check_over_fwd_bwd_one_process']:.1f} % of it)")
 
 
 if __name__ == "__main__":

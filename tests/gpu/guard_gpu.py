@@ -1,6 +1,7 @@
 """The guard on CUDA tensors over NCCL (issue 35): WORLD ranks (one per GPU, at most 4), each a process on its own
 GPU: a correct step is clean; a NaN put into rank WORLD-1's reduced gradient is found on that rank; on two GPUs or
-more, a rank left out of the reduce disagrees. Written without a GPU to run it: untested until a GPU machine runs it.
+more, a rank left out of the reduce disagrees; the sketch of a CUDA tensor (float32 and bfloat16) equals the same
+tensor's sketch on the CPU (its projections are hashed, not drawn from a device's generator). Written without a GPU to run it: untested until a GPU machine runs it.
 
 usage: GRADCHECK_DIST_LIB=build-gpu/libgradcheck_dist.so python3 tests/gpu/guard_gpu.py WORLD
 Prints PASS/FAIL lines; exits non-zero when any failed.
@@ -14,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
-from gradcheck_dist.guard import GradcheckFinding, guard  # noqa: E402
+from gradcheck_dist.guard import CHUNK, GradcheckFinding, _sketch, guard  # noqa: E402
 
 
 def _rank(rank, world, port, q):
@@ -69,14 +70,21 @@ def main():
         if p.is_alive():
             p.kill()
     last = world - 1
-    checks = [("a correct step on CUDA over NCCL: no finding", got.get("ok", "missing") is None),
+    g = torch.randn(CHUNK + 12345, generator=torch.Generator().manual_seed(4))
+    sk = {}
+    for dt in (torch.float32, torch.bfloat16):
+        cpu, ss_cpu = _sketch(g.to(dt), 777, 9, 8)
+        gpu, ss_gpu = _sketch(g.to(dt).cuda(), 777, 9, 8)
+        sk[str(dt)] = max(float((gpu.cpu() - cpu).norm() / cpu.norm()), abs(float(ss_gpu.cpu() / ss_cpu) - 1))
+    checks = [("the sketch on CUDA equals the sketch on the CPU (float32, bfloat16) to 1e-5", max(sk.values()) < 1e-5),
+              ("a correct step on CUDA over NCCL: no finding", got.get("ok", "missing") is None),
               (f"a NaN on rank {last}: nonfinite, rank {last} named", got.get("nan") == ([last], ["nonfinite"]))]
     if world > 1:
         checks.append((f"rank {last} left out of the reduce: disagree, rank {last} named",
                        got.get("left_out") == ([last], ["disagree"])))
     bad = 0
     for what, ok in checks:
-        print(("PASS: " if ok else "FAIL: ") + f"guard {what} -- {got}")
+        print(("PASS: " if ok else "FAIL: ") + f"guard {what} -- {got} {sk}")
         bad += not ok
     sys.exit(1 if bad else 0)
 

@@ -111,6 +111,7 @@ def _rank(rank, case, seed, steps, outdir, port):
         out = {"finding": str(e), "step": e.step, "ranks": e.ranks, "report": e.report}
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+    dist.barrier()  # every rank done with gloo before any tears it down (an abort in teardown under load)
     dist.destroy_process_group()
 
 
@@ -188,6 +189,53 @@ def test_sketch_of_shards_should_add_to_the_whole():
     other = g.clone()
     other[CHUNK + 17] += 1e-2 * float(g.norm())  # one changed value changes the sketch
     assert float((_sketch(other, 0, 11, 8)[0] - whole).norm() / whole.norm()) > 1e-3
+
+
+def _py_sign(seed, key, bit):
+    """The projections' definition in plain Python integers (docs/guard.md): sign `bit` of hash(seed, key)."""
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x21F0AAAD) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x735A2D97) & 0xFFFFFFFF
+        return x ^ (x >> 15)
+    h = mix(mix((key & 0xFFFFFFFF) ^ (seed & 0xFFFFFFFF)) ^ (key >> 32))
+    return 1 - 2 * ((h >> bit) & 1)
+
+
+def test_sketch_should_follow_its_definition_without_a_generator():
+    # s_j = sum_i g_i w[i % ROW] R[i // ROW, j]: w from the fixed column seed, R from (seed + 1, row); no torch
+    # generator, so the same on a GPU as here (tests/gpu/guard_gpu.py compares the two devices)
+    from gradcheck_dist.guard import ROW
+
+    k, seed, start = 40, 123, ROW - 300   # k > 32: two hashes per row; a shard starting 300 elements before a row's end
+    g = torch.randn(2 * ROW + 77, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want = [0.0] * k
+    w = [_py_sign(0x5EED, c, 0) for c in range(ROW)]
+    rows = {}
+    for i, x in enumerate(g.tolist()):
+        at = start + i
+        r = at // ROW
+        if r not in rows:
+            rows[r] = [_py_sign(seed + 1, r * 2 + j // 32, j % 32) for j in range(k)]
+        for j in range(k):
+            want[j] += x * w[at % ROW] * rows[r][j]
+    got, ss = _sketch(g, start, seed, k)
+    assert max(abs(a - b) for a, b in zip(got.tolist(), want)) < 1e-9 * float(g.norm())
+    assert abs(float(ss) - float(g.pow(2).sum())) < 1e-9 * float(ss)
+
+
+def test_small_gradients_sketched_together_should_match_one_at_a_time():
+    from gradcheck_dist.guard import ROW, _small_sketches
+
+    gen = torch.Generator().manual_seed(8)
+    gs = [torch.randn(n, generator=gen) for n in (1, 5, 768, ROW, 3000)] + [torch.randn(17, generator=gen).bfloat16()]
+    seeds = [3, 9, 11, 12, 40, 7]
+    sk, ss = _small_sketches(gs, seeds, 40)
+    for i, g in enumerate(gs):
+        one, one_ss = _sketch(g, 0, seeds[i], 40)
+        assert float((sk[i] - one).norm() / one.norm()) < 1e-5, i
+        assert abs(float(ss[i] / one_ss) - 1) < 1e-6, i
 
 
 # ---- Lightning: the default all_gather (sync_grads=False) detaches the encoders
@@ -307,6 +355,7 @@ def _fsdp2_rank(rank, outdir, port):
         out["nan"] = (e.ranks, [f["kind"] for f in e.report["runs"][0]["findings"] if f["counts"]])
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+    dist.barrier()  # every rank done with gloo before any tears it down (an abort in teardown under load)
     dist.destroy_process_group()
 
 
