@@ -458,6 +458,8 @@ static uint64_t param_start(const gcd_check_opts *o, scan *s, int j, gcd_param_r
     p->tol = o->tol > 0 ? o->tol : set->ptol[j];
     p->tol_source = o->tol > 0 ? GCD_TOL_GIVEN : GCD_TOL_CLAIMED;
     p->ran = set->nran && in_sorted(set->ran, set->nran, p->name);
+    const gcd_held *h = gcd_held_find(set, p->name);
+    if (h) p->held_attr = h->attr, p->held_norm = h->norm, p->held_filled = h->filled;
     for (int k = 0; k < nfiles(set); k++) {
         const gcd_st_file *f = file_of(set, k);
         s->t[k] = f ? gcd_st_find(f, p->name) : NULL;

@@ -59,6 +59,9 @@ typedef struct {
     gcd_tol_source tol_source;
     double corr;                  // <g - r, b> / (||g - r|| ||b||): rounding noise is uncorrelated; NAN where not taken
     int ran;                      // check: a dump recorded that its module ran in the forward (gradcheck.ran)
+    const char *held_attr;        // check: .grad None while the wrapper's buffer of this name held a tensor (gradcheck.held), or NULL
+    double held_norm;             // its largest norm over the ranks (NAN: not recorded)
+    int held_filled;              // the ranks whose buffer was not zero
     // check only (dumps): NULL / 0 for the probes
     const char *dtype;            // the dumps' dtype, "F32"
     int ref_none;                 // the reference has no gradient (None) for it
