@@ -732,7 +732,7 @@ def held_grads(model, names, attrs=HELD_ATTRS):
 
 
 def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
-               precision=None):
+               precision=None, loss=None):
     """Writes each trainable parameter's .grad (None: absent) to `path`.
 
     Call it after loss.backward() (under DDP the gradients are then already all-reduced: stage
@@ -745,7 +745,9 @@ def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metada
     and so do plain parameters declared with tp_layout (docs/dumps.md). With tp_layout every rank of the
     tensor-parallel group must call it (it exchanges the pieces' lengths). A parameter whose .grad is None but which
     holds a gradient buffer of its wrapper's (`main_grad`, HELD_ATTRS) is recorded in gradcheck.held with the buffer's
-    norm (held_grads): `check` then says where its gradient went instead of calling the graph cut.
+    norm (held_grads): `check` then says where its gradient went instead of calling the graph cut. loss: this rank's
+    loss of the step (the reference's: the objective), recorded as gradcheck.loss: where the ranks' mean loss is the
+    reference's, the forward is right, and `check` can say which backward a wrong gradient looks like.
     """
     entries, mesh = _collect(model)
     grads = {n: g for n, g, _ in entries}
@@ -753,6 +755,8 @@ def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metada
     held = held_grads(model, [n for n, g, _ in entries if g is None])
     if held:
         extra_metadata = {"gradcheck.held": json.dumps(held, separators=(",", ":")), **(extra_metadata or {})}
+    if loss is not None:
+        extra_metadata = {"gradcheck.loss": repr(float(loss)), **(extra_metadata or {})}
     return write_dump(path, grads, [n for n, _, _ in entries], stage, rank, world, extra_metadata, dtype, writer,
                       precision=precision, shards=shards, model=model, mesh=mesh)
 

@@ -54,6 +54,8 @@ typedef struct {
     char *nondeterministic, *batchnorm;   // gradcheck.nondeterministic / .batchnorm of every file, ", "-joined, or NULL
     gcd_held *held;             // (nheld) sorted by name: gradcheck.held of the judged dumps
     int nheld;
+    int loss_known;             // gradcheck.loss on every judged dump and the reference: their mean and the reference's
+    double loss_mean, loss_ref;
     uint64_t bytes;             // data bytes scanned
     int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
     char mesh_names[4][16];     // (mesh_nd)

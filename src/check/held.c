@@ -1,7 +1,9 @@
-// gradcheck.held: parameters whose .grad is None on a rank while its wrapper holds their gradient in a
-// buffer of its own (Megatron-style DDP's param.main_grad, a pipeline stage's data-parallel bucket),
-// as dump_grads records them: {"name": {"attr": "main_grad", "norm": 0.53}}. Over every rank's dump
-// (the judged stage): per name the attribute, the largest norm, and on how many ranks it was filled.
+// What the dumps record of the step beyond the gradients, for the verdict's causes:
+// - gradcheck.held: parameters whose .grad is None on a rank while its wrapper holds their gradient in a
+//   buffer of its own (Megatron-style DDP's param.main_grad, a pipeline stage's data-parallel bucket),
+//   as dump_grads records them: {"name": {"attr": "main_grad", "norm": 0.53}}. Over every rank's dump
+//   (the judged stage): per name the attribute, the largest norm, and on how many ranks it was filled.
+// - gradcheck.loss: each rank's loss of the step, and the reference's (its objective).
 #include <math.h>
 
 #include <cjson/cJSON.h>
@@ -65,4 +67,27 @@ void gcd_held_free(gcd_check_set *set) {
     for (int i = 0; i < set->nheld; i++) free(set->held[i].name), free(set->held[i].attr);
     free(set->held);
     set->held = NULL, set->nheld = 0;
+}
+
+// gradcheck.loss of one file: 1 when recorded (finite), 0 when absent; 2 when it is not a number
+static int loss_of(const gcd_st_file *f, double *x, char *err, size_t len) {
+    const char *v = gcd_st_meta(f, "gradcheck.loss");
+    if (!v) return 0;
+    char *end;
+    *x = strtod(v, &end);
+    if (end == v || *end) return fail(err, len, "%s: metadata gradcheck.loss is '%.40s', not a number", f->path, v);
+    return isfinite(*x) ? 1 : 0;
+}
+
+int gcd_losses_load(gcd_check_set *set, char *err, size_t len) {
+    double sum = 0, x = 0;
+    int have = 0, rc;
+    for (int k = 0; k < set->world; k++) {
+        if ((rc = loss_of(&set->rank[k], &x, err, len)) == 2) return 2;
+        if (rc) sum += x, have++;
+    }
+    if (!set->has_ref || (rc = loss_of(&set->ref, &x, err, len)) == 2) return set->has_ref ? rc : 0;
+    set->loss_known = rc && have == set->world;   // every rank's and the reference's, or none
+    set->loss_mean = sum / set->world, set->loss_ref = x;
+    return 0;
 }

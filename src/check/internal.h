@@ -79,6 +79,8 @@ void gcd_strip_wrappers(char *name);
 int gcd_held_load(gcd_check_set *set, char *err, size_t len);
 const gcd_held *gcd_held_find(const gcd_check_set *set, const char *name);   // NULL: not recorded
 void gcd_held_free(gcd_check_set *set);
+// gradcheck.loss of every rank and the reference: set->loss_known, loss_mean, loss_ref (2: one is not a number)
+int gcd_losses_load(gcd_check_set *set, char *err, size_t len);
 
 // ----------------------------------------------------------------------------
 // shards.c: gradcheck.shards, the FSDP maps

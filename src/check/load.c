@@ -315,7 +315,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;
-    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) || (rc = gcd_held_load(set, err, len)) ||
+    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) || (rc = gcd_held_load(set, err, len)) || (rc = gcd_losses_load(set, err, len)) ||
         (rc = plan_tolerances(o, set, prec_tol, err, len)))
         return rc;
     set->digest = gcd_malloc((size_t)nfiles(set) * sizeof *set->digest);

@@ -356,6 +356,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
     res->reduced_by = gcd_reducer_words(set->wrapper);
+    res->loss_known = set->loss_known, res->loss_mean = set->loss_mean, res->loss_ref = set->loss_ref;
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {

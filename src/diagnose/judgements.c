@@ -32,6 +32,7 @@ typedef struct {
 static int in_check(const gcd_verdict_ctx *v) { return v->check; }
 static int probe_world1(const gcd_verdict_ctx *v) { return v->res->world == 1 && !v->check; }
 static int ran_batchnorm(const gcd_verdict_ctx *v) { return v->res->batchnorm != NULL; }
+static int own_slot_like(const gcd_verdict_ctx *v) { return gcd_own_slot_evidence(v) != 0; }
 
 static double mean_loss(const gcd_run_result *res, const double *loss) {
     double l = 0;
@@ -387,6 +388,7 @@ static const judgement judgements[] = {
     { "disagree",         NULL,             tp_copies,          PER_ALL, say_tp_copies },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
+    { "mismatch",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause
     { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },
     { "mismatch",         many_mismatches,  grouped_mismatch,   PER_OWN, gcd_cause_mismatch_groups },
     { "mismatch",         NULL,             mismatch_alone,     PER_ONE, say_mismatch },
