@@ -100,7 +100,7 @@ static void own_slot_should_need_its_signature(void) {
                                .nondeterministic = c->dropout ? "drop (Dropout p=0.1)" : NULL };
         gcd_verdict(&res);
         char all[8192];
-        const char *m = finding(&res, "mismatch");
+        const char *m = finding(&res, "own_slot");
         int named = strstr(all_words(&res, all, sizeof all), "like a gather whose backward keeps only this rank's slot") != NULL;
         CHECK(named == c->want, "%s: named like local %d, want %d: %s", c->what, named, c->want, all);
         if (c->want) {

@@ -356,7 +356,10 @@ void gcd_cause_own_slot(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m
         if (!j->pick(p, NULL)) continue;
         clo = fmin(clo, p->cosine), chi = fmax(chi, p->cosine), slo = fmin(slo, p->scale), shi = fmax(shi, p->scale);
     }
-    gcd_sb_printf(m, "%s: %d wrong gradient%s that point along the reference (cosine ", who.s, n, gcd_plural(n, "", "s"));
+    gcd_sb_printf(m, "%s: wrong gradient%s like a gather whose backward keeps only this rank's slot gives (run's mode local: the other "
+                     "ranks' gradients for this rank's rows are dropped, as lightly's GatherLayer before its fix, open_clip's "
+                     "gather_with_grad=False without local_loss and torchmetrics >= 1.6's gather_all_tensors do): %s %d point%s along the "
+                     "reference (cosine ", who.s, gcd_plural(n, "", "s"), gcd_plural(n, "the", "all"), n, gcd_plural(n, "s", ""));
     gcd_finding_range(m, clo, chi);
     gcd_sb_printf(m, ") and together hold %.3g of it (x", c);
     gcd_finding_range(m, slo, shi);
@@ -365,15 +368,12 @@ void gcd_cause_own_slot(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m
     if (ev & OWN_SLOT_AFTER) {
         gcd_sb after = { 0 };
         int k = gcd_names_words(v, is_exact, NULL, &after, NULL);
-        gcd_sb_printf(m, "%s, after the gather, %s the reference", after.s, gcd_plural(k, "matches", "match"));
+        gcd_sb_printf(m, "%s %s the reference", after.s, gcd_plural(k, "matches", "match"));
         gcd_sb_free(&after);
     }
-    gcd_sb_printf(m, "): like a gather whose backward keeps only this rank's slot (run's mode local: the other ranks' gradients for "
-                     "this rank's rows are dropped, as lightly's GatherLayer before its fix, open_clip's gather_with_grad=False "
-                     "without local_loss and torchmetrics >= 1.6's gather_all_tensors do); gather with a backward that sums every "
-                     "rank's gradient for each slot: torch.distributed.nn.functional.all_gather (Lightning's "
-                     "all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)");
+    gcd_sb_printf(m, "); gather with a backward that sums every rank's gradient for each slot: torch.distributed.nn.functional.all_gather "
+                     "(Lightning's all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)");
     gcd_sb_free(&who);
-    gcd_finding_emit(res, "mismatch", 1, ids, m);
+    gcd_finding_emit(res, "own_slot", 1, ids, m);
     for (int i = 0; i < res->nparam; i++) res->param[i].explained |= j->pick(&res->param[i], NULL);
 }

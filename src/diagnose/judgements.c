@@ -388,7 +388,7 @@ static const judgement judgements[] = {
     { "disagree",         NULL,             tp_copies,          PER_ALL, say_tp_copies },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
-    { "mismatch",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause
+    { "own_slot",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause
     { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },
     { "mismatch",         many_mismatches,  grouped_mismatch,   PER_OWN, gcd_cause_mismatch_groups },
     { "mismatch",         NULL,             mismatch_alone,     PER_ONE, say_mismatch },

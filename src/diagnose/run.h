@@ -94,7 +94,7 @@ typedef struct {
 } gcd_feat_grads;
 
 typedef struct {
-    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, local_none, learning_stopped, forward, note
+    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, local_none, held, own_slot, learning_stopped, forward, note
     int counts;             // 1: a gradient finding; 0: a note
     char *params;           // comma-separated names (malloc'd)
     char *message;          // (malloc'd)
