@@ -356,3 +356,47 @@ def test_clip_own_slot_gather_should_name_logit_scale_as_after_it():
     assert len(fs) == 1 and LIKE_LOCAL in " ".join(fs[0]["message"].split()), fs
     assert "logit_scale" not in fs[0]["params"] and len(fs[0]["params"]) == 8, fs
     assert "logit_scale matches the reference" in " ".join(fs[0]["message"].split()), fs
+
+
+# ---- the same through Lightning (check_lightning: GradcheckDump records the losses too)
+
+
+def _lit_simclr():
+    from gradcheck_dist.lightning import lightning_package
+
+    pl = lightning_package()
+
+    class LitSimCLR(pl.LightningModule):
+        def __init__(self, how):
+            super().__init__()
+            self.net = SimCLR(how)
+
+        def training_step(self, batch, i):
+            return self.net(*batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return LitSimCLR
+
+
+def make_lit_own_slot():
+    return _lit_simclr()("own_slot")
+
+
+def make_lit_hot_rank():
+    return _lit_simclr()("hot_rank")
+
+
+def test_lightning_own_slot_gather_should_be_named_and_a_hot_rank_not():
+    from gradcheck_dist import check_lightning
+
+    with pytest.raises(GradcheckFailure) as e:
+        check_lightning(make_lit_own_slot, simclr_batch, world=2)
+    fs = counting(e.value.report)
+    assert len(fs) == 1 and fs[0]["kind"] == "own_slot" and {p.split(".", 1)[1] for p in fs[0]["params"]} == SIMCLR, fs
+    assert LIKE_LOCAL in " ".join(fs[0]["message"].split()), fs
+    with pytest.raises(GradcheckFailure) as e:
+        check_lightning(make_lit_hot_rank, simclr_batch, world=2)
+    words = " ".join(" ".join(f["message"].split()) for f in counting(e.value.report))
+    assert counting(e.value.report) and LIKE_LOCAL not in words, words
