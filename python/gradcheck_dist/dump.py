@@ -15,6 +15,7 @@ one tensor at a time only where it must convert or leave a GPU), into a temporar
 directory renamed over the target. torch is imported only when a dump is written.
 """
 import json
+import math
 import os
 import platform
 import secrets
@@ -706,8 +707,32 @@ def _trainable(model):
     return [(clean_name(n), p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
 
 
+HELD_ATTRS = ("main_grad",)   # where wrappers keep a parameter's gradient instead of .grad (Megatron's DDP: main_grad)
+
+
+def held_grads(model, names, attrs=HELD_ATTRS):
+    """gradcheck.held: {name: {"attr": "main_grad", "norm": x}} for the trainable parameters in `names` (those whose
+    .grad is None) that hold a tensor in one of `attrs`: a wrapper (Megatron-style DDP, a pipeline stage's
+    data-parallel bucket) kept their gradient in its own buffer and never wrote it to .grad. `check` tells that from a
+    cut graph by the norm: a filled buffer (norm > 0) is a gradient that .grad lacks; an empty one is no gradient."""
+    import torch
+
+    out, want = {}, set(names)
+    for n, p in unwrap(model).named_parameters():
+        name = clean_name(n)
+        if name not in want or name in out:
+            continue
+        for a in attrs:
+            t = getattr(p, a, None)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                norm = float(torch.linalg.vector_norm(t.detach().double()))
+                out[name] = {"attr": a, "norm": norm if math.isfinite(norm) else None}
+                break
+    return out
+
+
 def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
-               precision=None):
+               precision=None, loss=None):
     """Writes each trainable parameter's .grad (None: absent) to `path`.
 
     Call it after loss.backward() (under DDP the gradients are then already all-reduced: stage
@@ -718,11 +743,20 @@ def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metada
     fully_shard, FSDP1) write each rank's own shard of every original parameter, no gather; DTensor gradients
     with any placements (tensor and sequence parallel, FSDP2 over TP) write each rank's piece and where it sits,
     and so do plain parameters declared with tp_layout (docs/dumps.md). With tp_layout every rank of the
-    tensor-parallel group must call it (it exchanges the pieces' lengths).
+    tensor-parallel group must call it (it exchanges the pieces' lengths). A parameter whose .grad is None but which
+    holds a gradient buffer of its wrapper's (`main_grad`, HELD_ATTRS) is recorded in gradcheck.held with the buffer's
+    norm (held_grads): `check` then says where its gradient went instead of calling the graph cut. loss: this rank's
+    loss of the step (the reference's: the objective), recorded as gradcheck.loss: where the ranks' mean loss is the
+    reference's, the forward is right, and `check` can say which backward a wrong gradient looks like.
     """
     entries, mesh = _collect(model)
     grads = {n: g for n, g, _ in entries}
     shards = {n: s for n, _, s in entries if s is not None}
+    held = held_grads(model, [n for n, g, _ in entries if g is None])
+    if held:
+        extra_metadata = {"gradcheck.held": json.dumps(held, separators=(",", ":")), **(extra_metadata or {})}
+    if loss is not None:
+        extra_metadata = {"gradcheck.loss": repr(float(loss)), **(extra_metadata or {})}
     return write_dump(path, grads, [n for n, _, _ in entries], stage, rank, world, extra_metadata, dtype, writer,
                       precision=precision, shards=shards, model=model, mesh=mesh)
 

@@ -373,10 +373,18 @@ def _no_sync(wrapped):
     return fsdp2()
 
 
-def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
+def _loss_value(loss):
+    """The loss as a float for gradcheck.loss, or None where it is not one number."""
+    try:
+        return float(loss.detach()) if hasattr(loss, "detach") and loss.numel() == 1 else None
+    except Exception:
+        return None
+
+
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses=None):
     """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
     divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
-    reads it there), the last synced."""
+    reads it there), the last synced. losses (a list): each micro-batch's loss / accumulate is appended."""
     import contextlib
 
     for i in range(accumulate):
@@ -389,6 +397,8 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
                     return missing
             if loss is not None:
                 (loss / accumulate).backward()
+                if losses is not None:
+                    losses.append(_loss_value(loss / accumulate))
     return []
 
 
@@ -455,10 +465,11 @@ def _reference(make_model, step, batch, seed, outdir, precision, references):
         model = make_model()
         track(model)
         rows = batch if order == "given" else _permute(batch, permutation(_rows(batch)))
-        step(model, rows, 0, 1).backward()
+        loss = step(model, rows, 0, 1)
+        loss.backward()
         extra = {"gradcheck.order": "permuted"} if order == "permuted" else None
         dump_grads(model, os.path.join(outdir, "ref.safetensors" if order == "given" else "ref-permuted.safetensors"),
-                   rank=0, world=1, precision=precision, extra_metadata=extra)
+                   rank=0, world=1, precision=precision, extra_metadata=extra, loss=_loss_value(loss))
         times.append(time.perf_counter() - t0)
     with open(os.path.join(outdir, "ref-times.json"), "w") as f:
         json.dump(times, f)
@@ -485,7 +496,8 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             fup = _find_unused(model, step, shard, rank, world, find_unused) if strategy == "ddp" else False
             ddp = _wrap(model, strategy, fup)
             cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
-            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate)
+            losses = []
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses)
             if missing:
                 if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
                     from .dump import safe_write
@@ -494,7 +506,8 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
                 return
             if cap is not None:
                 cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
-            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
+            loss = sum(losses) if losses and None not in losses else None   # the rank's loss of the step: gradcheck.loss
+            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision, loss=loss)
         finally:
             dist.destroy_process_group()
     _child("ref" if rank is None else f"rank{rank}", outdir, body)
@@ -621,6 +634,7 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
     strategy: the data-parallel wrapper: "ddp" (default; local dumps too), "fsdp" (FSDP1, use_orig_params=True)
     or "fsdp2" (fully_shard on the whole model; torch >= 2.4): the reduced (sharded) dumps only.
+    Each rank's dump records its loss of the step and the reference's the objective (gradcheck.loss).
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
     reduced/, local/, ref.safetensors, ref-permuted.safetensors, and after a failure report.json and ticket.md;
     the exception names it.

@@ -59,7 +59,9 @@ class _GradcheckDump:
     `gradcheck-dist check DIRPATH --ref REFDIR/rank0.safetensors`. The precision recorded is
     `precision` when given, else the coarser of trainer.precision and what the dump sees (autocast, dtypes).
     It tracks the module (gradcheck_dist.track) from the dumped step's first micro-batch: the dump records which
-    parameters' modules ran, the dropout layers and the plain BatchNorm layers of that step.
+    parameters' modules ran, the dropout layers and the plain BatchNorm layers of that step, and the step's loss
+    (gradcheck.loss: the sum of the losses its micro-batches' backward got, each divided by K as Lightning does; under
+    a GradScaler, scaled).
     Sharded strategies (FSDP) write each rank's shard of every original parameter. extra_metadata: more
     metadata for the dumps (e.g. {"gradcheck.order": "permuted"} for a reference run on permuted rows).
     """
@@ -71,6 +73,7 @@ class _GradcheckDump:
         self.written = None
         self._local = None   # LocalGradCapture during the dumped step (DDP only)
         self._started = False
+        self._losses = []    # the dumped step's micro-batch losses as backward gets them (divided by K): gradcheck.loss
 
     def on_fit_start(self, trainer, pl_module):
         from .dump import track
@@ -98,12 +101,20 @@ class _GradcheckDump:
         from .dump import LocalGradCapture, _tracked
 
         self._started = True
+        self._losses = []
         t = _tracked(pl_module)
         if t is not None:
             t.clear()   # the record of the dumped step only, from its first micro-batch
 
         if isinstance(getattr(trainer.strategy, "model", None), torch.nn.parallel.DistributedDataParallel):
             self._local = LocalGradCapture(pl_module)   # from the step's first micro-batch
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if self._started and self.written is None:
+            try:
+                self._losses.append(float(loss.detach()) if loss.numel() == 1 else None)
+            except Exception:
+                self._losses.append(None)
 
     def on_after_backward(self, trainer, pl_module):
         from .dump import dump_grads
@@ -113,9 +124,10 @@ class _GradcheckDump:
             name = f"rank{trainer.global_rank}.safetensors"
             meta = dict(self.extra_metadata, **{"gradcheck.step": trainer.global_step})
             precision = self._precision(trainer, pl_module)
+            loss = sum(self._losses) if self._losses and None not in self._losses else None
             self.written = dump_grads(pl_module, os.path.join(self.dirpath, name), stage=self.stage,
                                       rank=trainer.global_rank, world=trainer.world_size, dtype=self.dtype,
-                                      writer=self.writer, extra_metadata=meta, precision=precision)
+                                      writer=self.writer, extra_metadata=meta, precision=precision, loss=loss)
             if self._local is not None:
                 self._local.remove()
                 self._local.dump(os.path.join(self.dirpath, "local", name), rank=trainer.global_rank,

@@ -23,6 +23,13 @@ typedef struct {
 
 typedef struct gcd_shard_map gcd_shard_map;
 
+// gradcheck.held (held.c): a parameter whose .grad was None while its wrapper's own buffer held a tensor
+typedef struct {
+    char *name, *attr;          // the parameter, the buffer's attribute ("main_grad")
+    double norm;                // the largest norm over the ranks (NAN: not recorded)
+    int filled;                 // ranks whose buffer was not zero
+} gcd_held;
+
 typedef struct {
     int world;
     const char *stage;          // "local" or "reduced"
@@ -45,6 +52,10 @@ typedef struct {
     char **ran;                 // (nran) sorted: parameters whose module ran in the forward (gradcheck.ran of any file)
     int nran;
     char *nondeterministic, *batchnorm;   // gradcheck.nondeterministic / .batchnorm of every file, ", "-joined, or NULL
+    gcd_held *held;             // (nheld) sorted by name: gradcheck.held of the judged dumps
+    int nheld;
+    int loss_known;             // gradcheck.loss on every judged dump and the reference: their mean and the reference's
+    double loss_mean, loss_ref;
     uint64_t bytes;             // data bytes scanned
     int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
     char mesh_names[4][16];     // (mesh_nd)

@@ -74,6 +74,15 @@ const char *gcd_first_missing(char *const *a, int na, char *const *b, int nb);
 void gcd_strip_wrappers(char *name);
 
 // ----------------------------------------------------------------------------
+// held.c: gradcheck.held, the gradients a wrapper kept in its own buffer (main_grad)
+
+int gcd_held_load(gcd_check_set *set, char *err, size_t len);
+const gcd_held *gcd_held_find(const gcd_check_set *set, const char *name);   // NULL: not recorded
+void gcd_held_free(gcd_check_set *set);
+// gradcheck.loss of every rank and the reference: set->loss_known, loss_mean, loss_ref (2: one is not a number)
+int gcd_losses_load(gcd_check_set *set, char *err, size_t len);
+
+// ----------------------------------------------------------------------------
 // shards.c: gradcheck.shards, the FSDP maps
 
 // gradcheck.shards: {"name": {"shape": [full dims], "start": flat offset}}: this file's tensor of that

@@ -315,7 +315,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;
-    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) ||
+    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) || (rc = gcd_held_load(set, err, len)) || (rc = gcd_losses_load(set, err, len)) ||
         (rc = plan_tolerances(o, set, prec_tol, err, len)))
         return rc;
     set->digest = gcd_malloc((size_t)nfiles(set) * sizeof *set->digest);
@@ -333,6 +333,7 @@ void gcd_check_free(gcd_check_set *set) {
     for (int k = 0; set->shards && k < nfiles(set); k++) gcd_shards_free(&set->shards[k]);
     free(set->shards), free(set->sharded), free(set->ptol), free(set->mesh_coords);
     free_strs(set->ran, set->nran), free(set->nondeterministic), free(set->batchnorm);
+    gcd_held_free(set);
     if (set->has_ref) gcd_st_close(&set->ref);
     if (set->has_ref2) gcd_st_close(&set->ref2);
     free(set->rank);

@@ -356,6 +356,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
     res->reduced_by = gcd_reducer_words(set->wrapper);
+    res->loss_known = set->loss_known, res->loss_mean = set->loss_mean, res->loss_ref = set->loss_ref;
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {
@@ -458,6 +459,8 @@ static uint64_t param_start(const gcd_check_opts *o, scan *s, int j, gcd_param_r
     p->tol = o->tol > 0 ? o->tol : set->ptol[j];
     p->tol_source = o->tol > 0 ? GCD_TOL_GIVEN : GCD_TOL_CLAIMED;
     p->ran = set->nran && in_sorted(set->ran, set->nran, p->name);
+    const gcd_held *h = gcd_held_find(set, p->name);
+    if (h) p->held_attr = h->attr, p->held_norm = h->norm, p->held_filled = h->filled;
     for (int k = 0; k < nfiles(set); k++) {
         const gcd_st_file *f = file_of(set, k);
         s->t[k] = f ? gcd_st_find(f, p->name) : NULL;

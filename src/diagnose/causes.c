@@ -297,3 +297,83 @@ void gcd_cause_mismatch_groups(const gcd_verdict_ctx *v, const gcd_judged *j, gc
     mismatch_group(v, &G, -1, m, ids);
     free(G.pick), free(keys), free(G.grp), free(size), free(order), free(listed), free(G.own);
 }
+
+// ----------------------------------------------------------------------------
+// A gather whose backward keeps only this rank's slot (run's mode local: open_clip's gather_with_grad=False
+// without local_loss, torchmetrics >= 1.6, lightly's GatherLayer before its fix) drops the other ranks'
+// gradients for each rank's rows. What check sees: the forward is right (the ranks' mean loss, as the dumps
+// record it, is the reference objective; the parameters after the gather match), and the wrong gradients, each along its
+// reference (cosine > 0), are together a part of it: sum <g, r> / sum <r, r> over them in [1/world, 1)
+// (one tensor alone may reach past 1: a bias whose dropped terms point against the rest). One finding names
+// them all.
+
+enum { OWN_SLOT_LOSS = 1, OWN_SLOT_AFTER = 2 };   // the evidence that the forward is right
+
+// the wrong gradients' part of their references, c = sum <g, r> / sum <r, r>, and the loosest tolerance among them
+static double part_of_ref(const gcd_run_result *res, double *slack) {
+    double gr = 0, rr = 0;
+    *slack = 1e-6;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (p->status != GCD_ST_MISMATCH || p->explained || p->ref_none) continue;
+        gr += p->scale * p->ref_norm * p->ref_norm, rr += p->ref_norm * p->ref_norm, *slack = fmax(*slack, p->allowed);
+    }
+    return rr > 0 ? gr / rr : NAN;
+}
+
+// matched by its own tolerance (not only within measured noise), with a real reference
+static int exact(const gcd_param_result *p) { return p->status == GCD_ST_OK && p->tol_source != GCD_TOL_MEASURED && p->ref_norm > 0; }
+
+int gcd_own_slot_evidence(const gcd_verdict_ctx *v) {
+    const gcd_run_result *res = v->res;
+    if (!v->check || res->world < 2 || res->nondeterministic || res->batchnorm || res->no_ref) return 0;
+    int nwrong = 0, after = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (p->status == GCD_ST_MISMATCH && !p->explained && !p->ref_none && p->cosine > 0 && isfinite(p->scale)) nwrong++;
+        else if (exact(p)) after++;
+        else if (!(p->status == GCD_ST_OK || (p->status == GCD_ST_NONE && p->ref_none))) return 0;   // another finding: another cause
+    }
+    double slack, c = part_of_ref(res, &slack);
+    if (!nwrong || !(c * res->world >= 1 - slack && c < 1 - slack)) return 0;
+    // the forward must be right: recorded losses, the ranks' mean the objective. A forward that differs is another
+    // cause (a rank's temperature, a per-rank normalisation); parameters that match are no proof alone (a module some
+    // ranks never used, averaged with zeros, leaves the others exact too)
+    if (!res->loss_known || !(fabs(res->loss_mean - res->loss_ref) <= res->tol * fmax(1.0, fabs(res->loss_ref)))) return 0;
+    return OWN_SLOT_LOSS | (after ? OWN_SLOT_AFTER : 0);
+}
+
+static int is_exact(const gcd_param_result *p, const void *arg) { (void)arg; return exact(p); }
+
+void gcd_cause_own_slot(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    gcd_run_result *res = v->res;
+    double clo = INFINITY, chi = -INFINITY, slo = INFINITY, shi = -INFINITY, slack, c = part_of_ref(res, &slack);
+    int ev = gcd_own_slot_evidence(v);
+    gcd_sb who = { 0 };
+    int n = gcd_names_words(v, j->pick, NULL, &who, ids);
+    for (int i = 0; i < res->nparam; i++) {
+        gcd_param_result *p = &res->param[i];
+        if (!j->pick(p, NULL)) continue;
+        clo = fmin(clo, p->cosine), chi = fmax(chi, p->cosine), slo = fmin(slo, p->scale), shi = fmax(shi, p->scale);
+    }
+    gcd_sb_printf(m, "%s: wrong gradient%s like a gather whose backward keeps only this rank's slot gives (run's mode local: the other "
+                     "ranks' gradients for this rank's rows are dropped, as lightly's GatherLayer before its fix, open_clip's "
+                     "gather_with_grad=False without local_loss and torchmetrics >= 1.6's gather_all_tensors do): %s %d point%s along the "
+                     "reference (cosine ", who.s, gcd_plural(n, "", "s"), gcd_plural(n, "the", "all"), n, gcd_plural(n, "s", ""));
+    gcd_finding_range(m, clo, chi);
+    gcd_sb_printf(m, ") and together hold %.3g of it (x", c);
+    gcd_finding_range(m, slo, shi);
+    gcd_sb_printf(m, " per tensor), while the forward is right (");
+    if (ev & OWN_SLOT_LOSS) gcd_sb_printf(m, "the ranks' mean loss %.7g is the single-process objective %.7g%s", res->loss_mean, res->loss_ref, ev & OWN_SLOT_AFTER ? "; " : "");
+    if (ev & OWN_SLOT_AFTER) {
+        gcd_sb after = { 0 };
+        int k = gcd_names_words(v, is_exact, NULL, &after, NULL);
+        gcd_sb_printf(m, "%s %s the reference", after.s, gcd_plural(k, "matches", "match"));
+        gcd_sb_free(&after);
+    }
+    gcd_sb_printf(m, "); gather with a backward that sums every rank's gradient for each slot: torch.distributed.nn.functional.all_gather "
+                     "(Lightning's all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)");
+    gcd_sb_free(&who);
+    gcd_finding_emit(res, "own_slot", 1, ids, m);
+    for (int i = 0; i < res->nparam; i++) res->param[i].explained |= j->pick(&res->param[i], NULL);
+}

@@ -57,3 +57,7 @@ void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
 void gcd_cause_scaled(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids);
 void gcd_cause_batchnorm(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids);
 void gcd_cause_mismatch_groups(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids);
+// the signature of a gather whose backward keeps only the rank's own slot (run's mode local) in check's numbers:
+// 0, or the evidence that the forward is right (1: the recorded losses, 2: tensors that match, or both)
+int gcd_own_slot_evidence(const gcd_verdict_ctx *v);
+void gcd_cause_own_slot(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids);

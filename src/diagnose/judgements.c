@@ -32,6 +32,7 @@ typedef struct {
 static int in_check(const gcd_verdict_ctx *v) { return v->check; }
 static int probe_world1(const gcd_verdict_ctx *v) { return v->res->world == 1 && !v->check; }
 static int ran_batchnorm(const gcd_verdict_ctx *v) { return v->res->batchnorm != NULL; }
+static int own_slot_like(const gcd_verdict_ctx *v) { return gcd_own_slot_evidence(v) != 0; }
 
 static double mean_loss(const gcd_run_result *res, const double *loss) {
     double l = 0;
@@ -84,10 +85,14 @@ static int many_mismatches(const gcd_verdict_ctx *v);
 // ----------------------------------------------------------------------------
 // what the judgements look at: the parameters
 
-static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none; }
-static int ran_none(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && p->ran; }
-static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && !p->ran; }
+// None in .grad on every rank while the wrapper's own buffer (main_grad) was filled: kept there, not cut
+static int none_held(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->held_filled > 0; }
+static int none_real(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && !p->ref_none && !p->held_filled; }
+static int ran_none(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && p->ran && !p->held_filled; }
+static int none_in_ref(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_NONE && p->ref_none && !p->ran && !p->held_filled; }
+static int held_empty(const gcd_param_result *p, const void *arg) { return none_real(p, arg) && p->held_attr; }
 static int with_grad(const gcd_param_result *p, const void *arg) { (void)arg; return p->status != GCD_ST_NONE; }
+static int grad_somewhere(const gcd_param_result *p, const void *arg) { return with_grad(p, arg) || none_held(p, arg); }   // in .grad, or in main_grad
 static int stuck(const gcd_param_result *p, const void *arg) { (void)arg; return !p->moved_any; }
 static int measured_ok(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_OK && p->tol_source == GCD_TOL_MEASURED; }
 static int local_cut(const gcd_param_result *p, const void *arg) { (void)arg; return p->local_has && p->local_nhave < p->nhave && p->status != GCD_ST_NONE; }
@@ -127,9 +132,9 @@ static void say_forward(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m
 static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None on every rank where the reference has one (or there is none to ask)
     (void)ids;
     const gcd_run_result *res = v->res;
-    int n = j->n, have = gcd_names_count(res, with_grad, NULL), check = v->check;
+    int n = j->n, have = gcd_names_count(res, grad_somewhere, NULL), check = v->check;
     gcd_sb others = { 0 };
-    gcd_names_words(v, with_grad, NULL, &others, NULL);
+    gcd_names_words(v, grad_somewhere, NULL, &others, NULL);
     if (have == 0) gcd_sb_printf(m, "no parameter receives a gradient on any rank (None): nothing is learned");
     else if (have < res->nparam / 2 + 1 && have < n)
         gcd_sb_printf(m, "only %d of %d parameters %s a gradient: %s; %s %s None on every rank%s", have, res->nparam,
@@ -145,7 +150,34 @@ static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
                          "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False); a plain torch.distributed.all_gather, "
                          "which has no autograd: use torch.distributed.nn.functional.all_gather; or a detach())",
                       gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
+    int empty = gcd_names_count(res, held_empty, NULL);
+    if (empty) {   // a wrapper's buffer was recorded, and it is zero: no gradient reached it either
+        gcd_sb held = { 0 };
+        gcd_names_words(v, held_empty, NULL, &held, NULL);
+        gcd_sb_printf(m, "; the wrapper's own buffer of %s is recorded and zero on every rank: no gradient reached it either", held.s);
+        gcd_sb_free(&held);
+    }
     gcd_sb_free(&others);
+}
+
+// None in .grad on every rank, and the dumps record the wrapper's own buffer filled (gradcheck.held)
+static void say_held(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    const gcd_param_result *p = NULL;
+    double most = 0;
+    int all = 1;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *q = &res->param[i];
+        if (!none_held(q, NULL)) continue;
+        p = p ? p : q;
+        most = fmax(most, q->held_norm), all &= q->held_filled >= res->world;
+    }
+    gcd_sb_printf(m, "%s %s no gradient in .grad on any rank (None), but the dumps record %s %s filled on %s (norm up to %.3g): "
+                     "nothing cut the graph: the gradients are in the wrapper's own buffer (%s), never copied to .grad: dump or step "
+                     "from %s, or let the wrapper copy them back to .grad before the check",
+                  j->names, gcd_plural(j->n, "gets", "get"), gcd_plural(j->n, "its", "their"), p->held_attr,
+                  all ? "every rank" : "some ranks", most, p->held_attr, p->held_attr);
 }
 
 static void say_ran_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None everywhere, reference included, though its module ran
@@ -346,6 +378,7 @@ static const judgement judgements[] = {
     // kind               when              pick                per      say
     { "forward",          forward_differs,  NULL,               PER_RUN, say_forward },
     { "local_none",       in_check,         local_cut,          PER_OWN, gcd_cause_stage },   // or a note where the result still matches
+    { "held",             NULL,             none_held,          PER_ALL, say_held },
     { "none",             NULL,             none_real,          PER_ALL, say_none },
     { "ran_none",         NULL,             ran_none,           PER_ALL, say_ran_none },
     { "note",             NULL,             none_in_ref,        PER_ALL, say_none_in_ref },
@@ -355,6 +388,7 @@ static const judgement judgements[] = {
     { "disagree",         NULL,             tp_copies,          PER_ALL, say_tp_copies },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
+    { "own_slot",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause
     { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },
     { "mismatch",         many_mismatches,  grouped_mismatch,   PER_OWN, gcd_cause_mismatch_groups },
     { "mismatch",         NULL,             mismatch_alone,     PER_ONE, say_mismatch },

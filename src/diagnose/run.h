@@ -59,6 +59,9 @@ typedef struct {
     gcd_tol_source tol_source;
     double corr;                  // <g - r, b> / (||g - r|| ||b||): rounding noise is uncorrelated; NAN where not taken
     int ran;                      // check: a dump recorded that its module ran in the forward (gradcheck.ran)
+    const char *held_attr;        // check: .grad None while the wrapper's buffer of this name held a tensor (gradcheck.held), or NULL
+    double held_norm;             // its largest norm over the ranks (NAN: not recorded)
+    int held_filled;              // the ranks whose buffer was not zero
     // check only (dumps): NULL / 0 for the probes
     const char *dtype;            // the dumps' dtype, "F32"
     int ref_none;                 // the reference has no gradient (None) for it
@@ -91,7 +94,7 @@ typedef struct {
 } gcd_feat_grads;
 
 typedef struct {
-    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, local_none, learning_stopped, forward, note
+    char kind[24];          // none, partial, zero, nonfinite, disagree, scaled, mismatch, local_none, held, own_slot, learning_stopped, forward, note
     int counts;             // 1: a gradient finding; 0: a note
     char *params;           // comma-separated names (malloc'd)
     char *message;          // (malloc'd)
@@ -114,6 +117,8 @@ typedef struct {
     const char *wrapper;              // check: what reduced the gradients, as the dumps record it (gradcheck.wrapper), or NULL
     const char *reduced_by;           // check: that step in words (gcd_reducer_words), or NULL outside check
     double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
+    int loss_known;                   // check: every rank's dump and the reference record the step's loss (gradcheck.loss)
+    double loss_mean, loss_ref;       // check, loss_known: the ranks' mean loss and the reference's objective
     gcd_probe_cfg cfg;
     int nparam;
     gcd_param_result *param;          // (nparam)
