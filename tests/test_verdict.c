@@ -116,6 +116,40 @@ static void noisy_should_be_judged_per_tensor(void) {
     }
 }
 
+// dropout: the ranks and the reference draw their own masks (p = 0.1), the second reference partly the
+// reference's, so a correct gradient differs from the reference by a term that follows it; recorded (masks), that is the noise the second
+// reference measures, not a signal (a clean dropout step called x0.79 was a false alarm); not recorded, the same
+// numbers are judged as they were
+static void dropout_masks_should_not_read_as_signal(void) {
+    enum { D = 4096 };
+    double t[D], r[D], b[D], g[D];
+    for (int masks = 0; masks <= 1; masks++) {
+        gcd_rng rng = gcd_rng_make(7, 0);
+        for (int j = 0; j < D; j++) {
+            t[j] = 1e-3 * gcd_rng_normal(&rng);
+            r[j] = gcd_rng_uniform(&rng) < 0.1 ? 0 : t[j] / 0.9;
+            g[j] = gcd_rng_uniform(&rng) < 0.1 ? 0 : t[j] / 0.9;
+            // the second reference is re-seeded alike with its rows permuted: where a mask falls on the same
+            // sample it is the reference's own (here 80 % of the values), elsewhere another draw
+            b[j] = gcd_rng_uniform(&rng) < 0.8 ? r[j] : gcd_rng_uniform(&rng) < 0.1 ? 0 : t[j] / 0.9;
+        }
+        gcd_param_result p = { .name = "head.weight", .n = D, .nhave = 2, .tol = 1e-5 };
+        gcd_sums s;
+        gcd_sums_init(&s, 1);
+        s.masks = masks;
+        gcd_sums_add(&s, g, r, D, 0);
+        if (gcd_sums_need_resid(&s, 1e-5)) gcd_sums_resid(&s, g, r, D);
+        if (gcd_sums_need_noise(&s, 1e-5)) gcd_sums_noise(&s, g, r, b, D);
+        gcd_classify_sums(&p, &s, 2, 1e-5);
+        if (masks)
+            CHECK(p.status == GCD_ST_OK && p.tol_source == GCD_TOL_MEASURED, "dropout recorded: %s, expected ok by the measured noise "
+                  "(rel err %.3g, noise %.3g, corr %.3g)", gcd_status_str(p.status), p.rel_err, p.noise, p.corr);
+        else
+            CHECK(p.status != GCD_ST_OK, "masks not recorded: %s, expected the correlated difference to count (corr %.3g)",
+                  gcd_status_str(p.status), p.corr);
+    }
+}
+
 // the streamed classifier, one chunk of `chunk` values at a time
 static void classify(const row *c, gcd_param_result *p, size_t chunk) {
     memset(p, 0, sizeof *p);
@@ -306,6 +340,7 @@ int main(void) {
     empty_tensor_should_be_fine();
     every_status_should_come_from_the_numbers();
     noisy_should_be_judged_per_tensor();
+    dropout_masks_should_not_read_as_signal();
     scale_words_should_say_only_what_holds();
     one_reference_should_leave_noise_undecided();
     words_should_group_and_count();

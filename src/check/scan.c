@@ -291,6 +291,7 @@ static int scan_param(scan *s, gcd_param_result *p) {
     gcd_sums sums;
     const double *r = s->set->has_ref ? s->r : NULL;   // a None reference counts as zeros for the sums
     gcd_sums_init(&sums, s->set->has_ref);
+    sums.masks = s->set->nondeterministic != NULL;
     s->read_b = 0;   // the second reference: read in the second pass, only where the claimed tolerance does not pass g
     memset(s->sq, 0, (size_t)W * sizeof *s->sq);
     memset(s->dsq, 0, (size_t)W * sizeof *s->dsq);

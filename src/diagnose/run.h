@@ -26,6 +26,8 @@ typedef struct {
     int allzero;             // every finite value of g is 0
     int has_ref;             // r was given (a missing reference counts as zeros)
     int has_ref2;            // b was read (gcd_sums_noise): the same reference computed in another order
+    int masks;               // the step drew random numbers (dropout): the ranks' and the references' masks differ, and
+                             // a difference made by masks follows the reference: the correlation test does not apply
 } gcd_sums;
 
 // Where a tensor's tolerance came from (check: the report says it per tensor)

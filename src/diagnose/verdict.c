@@ -137,7 +137,7 @@ void gcd_classify_sums(gcd_param_result *p, const gcd_sums *s, int world, double
         if (s->has_ref2 && err > 0 && s->bb > 0) p->corr = s->db / (err * sqrt(s->bb));
         if (rr > 0) {
             p->scale = s->gr / rr;
-            int signal = correlated(p->corr, p->n) && err > tol * A;   // accepted only by the measured noise, yet it follows the reference
+            int signal = !s->masks && correlated(p->corr, p->n) && err > tol * A;   // accepted only by the measured noise, yet it follows the reference
             double resid = fmax(tol * p->norm, GCD_NOISE_K * noise * fmax(1, fabs(p->scale)));
             if (s->allzero) p->status = s->has_ref2 && A <= GCD_NOISE_K * noise ? GCD_ST_OK : GCD_ST_ZERO;   // zero where the reference is more than noise
             else if (err <= allow && !signal) p->status = GCD_ST_OK;

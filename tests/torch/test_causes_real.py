@@ -319,6 +319,9 @@ def test_look_alike_with_a_forward_that_differs_should_not_be_named_like_local(m
 def test_dropout_should_not_be_named_like_local():
     r = verdict(make_simclr_dropout)
     assert LIKE_LOCAL not in " ".join(" ".join(f["message"].split()) for f in r["runs"][0]["findings"]), r["runs"][0]["findings"]
+    # nor anything else: the masks differ between the ranks and the references, so the difference follows the
+    # reference without being a bug (before: head.weight "x0.785714", a false alarm); the report says it is insensitive
+    assert not counting(r), counting(r)
 
 
 class Clip(torch.nn.Module):
