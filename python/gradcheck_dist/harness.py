@@ -373,10 +373,12 @@ def _no_sync(wrapped):
     return fsdp2()
 
 
-def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None):
     """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
     divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
-    reads it there), the last synced."""
+    reads it there), the last synced. cap (LocalGradCapture): marked before the last backward, so the local dumps
+    keep what was accumulated before it (NAME@earlier), where anything was (the step's own backward calls too).
+    Returns the ranks that skipped the synced backward, and each rank's loss of the synced backward (its value)."""
     import contextlib
 
     for i in range(accumulate):
@@ -387,6 +389,8 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate):
                 missing = _not_joining(loss, world)
                 if missing:
                     return missing
+                if cap is not None:
+                    cap.mark()
             if loss is not None:
                 (loss / accumulate).backward()
     return []
@@ -485,7 +489,7 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             fup = _find_unused(model, step, shard, rank, world, find_unused) if strategy == "ddp" else False
             ddp = _wrap(model, strategy, fup)
             cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
-            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate)
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap)
             if missing:
                 if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
                     from .dump import safe_write
