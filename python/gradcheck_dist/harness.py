@@ -373,12 +373,13 @@ def _no_sync(wrapped):
     return fsdp2()
 
 
-def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None):
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None, seen=None):
     """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
     divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
     reads it there), the last synced. cap (LocalGradCapture): marked before the last backward, so the local dumps
     keep what was accumulated before it (NAME@earlier), where anything was (the step's own backward calls too).
-    Returns the ranks that skipped the synced backward, and each rank's loss of the synced backward (its value)."""
+    seen["loss"]: the value of the loss the synced backward starts from (as step returned it). Returns the ranks
+    that skipped the synced backward."""
     import contextlib
 
     for i in range(accumulate):
@@ -391,6 +392,8 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None):
                     return missing
                 if cap is not None:
                     cap.mark()
+                if seen is not None:
+                    seen["loss"] = float(loss.detach().float())
             if loss is not None:
                 (loss / accumulate).backward()
     return []
@@ -445,9 +448,11 @@ def _init_group(rank, world, initfile, timeout):
                             timeout=datetime.timedelta(seconds=max(1, int(timeout))))
 
 
-def _reference(make_model, step, batch, seed, outdir, precision, references):
-    """The single-process reference: no process group, the whole batch, step(model, batch, 0, 1); with
-    references=2 again, re-seeded identically, the rows permuted (ref-permuted.safetensors: the noise)."""
+def _reference(make_model, step, batch, seed, outdir, precision, references, objective=None, world=None, accumulate=1):
+    """The single-process reference: no process group, the whole batch, step(model, batch, 0, 1) (or objective(model,
+    batch): check_ddp's reference=); with references=2 again, re-seeded identically, the rows permuted
+    (ref-permuted.safetensors: the noise). Its loss is recorded (gradcheck.loss), and with world, what each rank's
+    synced micro-batch gives alone in one process (gradcheck.shard_losses, _shard_losses)."""
     import torch
 
     from .dump import dump_grads, track
@@ -459,8 +464,19 @@ def _reference(make_model, step, batch, seed, outdir, precision, references):
         model = make_model()
         track(model)
         rows = batch if order == "given" else _permute(batch, permutation(_rows(batch)))
-        step(model, rows, 0, 1).backward()
-        extra = {"gradcheck.order": "permuted"} if order == "permuted" else None
+        loss = objective(model, rows) if objective is not None else step(model, rows, 0, 1)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"the reference's {'reference(model, batch)' if objective is not None else 'step(model, batch, 0, 1)'} "
+                            f"must return the loss, a scalar tensor, not {type(loss).__name__}"
+                            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
+        loss.backward()
+        extra = {"gradcheck.loss": repr(float(loss.detach().float()))}
+        if order == "permuted":
+            extra["gradcheck.order"] = "permuted"
+        elif world:
+            losses = _shard_losses(model, step, batch, world, accumulate, seed)
+            if losses is not None:
+                extra["gradcheck.shard_losses"] = json.dumps(losses)
         dump_grads(model, os.path.join(outdir, "ref.safetensors" if order == "given" else "ref-permuted.safetensors"),
                    rank=0, world=1, precision=precision, extra_metadata=extra)
         times.append(time.perf_counter() - t0)
@@ -468,8 +484,27 @@ def _reference(make_model, step, batch, seed, outdir, precision, references):
         json.dump(times, f)
 
 
+def _shard_losses(model, step, batch, world, accumulate, seed):
+    """What each rank's synced micro-batch (rank r's shard, its last of `accumulate`) gives alone: step(model, it,
+    0, 1) without gradients, after the reference's dump is taken (its gradients are not touched). A rank's loss that
+    is the mean of these while they differ was averaged over the ranks in the forward (`check` names a double
+    reduction). None where the step cannot run so (it calls backward itself, or fails)."""
+    import torch
+
+    out = []
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            for r in range(world):
+                loss = step(model, _shard(_shard(batch, r, world), accumulate - 1, accumulate), 0, 1)
+                out.append(float(loss.detach().float()))
+    except Exception:
+        return None
+    return out
+
+
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
-                references=2, accumulate=1, strategy="ddp"):
+                references=2, accumulate=1, strategy="ddp"):   # payload: (make_model, step, batch, reference)
     def body():
         if one_thread:
             _one_thread()
@@ -478,18 +513,19 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
 
         from .dump import LocalGradCapture, dump_grads
 
-        make_model, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        make_model, step, batch, objective = pickle.loads(payload) if isinstance(payload, bytes) else payload
         if rank is None:
-            return _reference(make_model, step, batch, seed, outdir, precision, references)
+            return _reference(make_model, step, batch, seed, outdir, precision, references, objective, world, accumulate)
         _init_group(rank, world, initfile, timeout)
         try:
             torch.manual_seed(seed)
             model = make_model()
             shard = _shard(batch, rank, world)
+            seen = {}
             fup = _find_unused(model, step, shard, rank, world, find_unused) if strategy == "ddp" else False
             ddp = _wrap(model, strategy, fup)
             cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
-            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap)
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap, seen)
             if missing:
                 if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
                     from .dump import safe_write
@@ -498,7 +534,8 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
                 return
             if cap is not None:
                 cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
-            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision)
+            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision,
+                       extra_metadata={"gradcheck.loss": repr(seen["loss"])} if "loss" in seen else None)
         finally:
             dist.destroy_process_group()
     _child("ref" if rank is None else f"rank{rank}", outdir, body)
@@ -597,7 +634,7 @@ def _end_procs(procs):
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
               start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2,
-              accumulate=1, strategy="ddp"):
+              accumulate=1, strategy="ddp", reference=None):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -623,6 +660,10 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     accumulate=K: gradient accumulation: each rank's shard is split into K equal micro-batches, each loss divided
     by K, the first K-1 backward calls under DDP's no_sync() and the last synced; the reference is the objective,
     not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
+    reference: the reference's objective, reference(model, batch) -> loss, called in the reference process (no
+    process group) on the whole batch in place of step(model, batch, 0, 1): for an objective the one-process step does
+    not compute (per-rank statistics, a loss normalised by a count the ranks all-reduce; docs/python.md). It must be
+    the objective whose gradient DDP's average of the ranks' gradients is: (1/world) x the sum of the ranks' losses.
     strategy: the data-parallel wrapper: "ddp" (default; local dumps too), "fsdp" (FSDP1, use_orig_params=True)
     or "fsdp2" (fully_shard on the whole model; torch >= 2.4): the reduced (sharded) dumps only.
     Dumps go to workdir (a temporary directory when None, removed after a pass and kept after a failure):
@@ -636,7 +677,9 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
     references = _no_second_reference(batch, references, "check_ddp")
     bin_path = find_binary(binary)  # before any rank starts
-    method, payload = _start_method(start_method, (make_model, step, batch))
+    if reference is not None and not callable(reference):
+        raise TypeError(f"reference must be a function reference(model, batch) -> loss, not {type(reference).__name__}")
+    method, payload = _start_method(start_method, (make_model, step, batch, reference))
     return _run_ranks(f"check_ddp world {world}", "gcd-ddp-", _ddp_worker, world, method,
                       (payload, seed, None, None, timeout, precision, find_unused_parameters, one_thread, references,
                        accumulate, strategy),

@@ -45,6 +45,8 @@ typedef struct {
     char **ran;                 // (nran) sorted: parameters whose module ran in the forward (gradcheck.ran of any file)
     int nran;
     char *nondeterministic, *batchnorm;   // gradcheck.nondeterministic / .batchnorm of every file, ", "-joined, or NULL
+    double *rank_loss;          // (world) gradcheck.loss of each rank's judged dump (the loss its synced backward ran on), or NULL
+    double *shard_loss;         // (world) the reference's gradcheck.shard_losses: what each rank's batch gives alone, or NULL
     uint64_t bytes;             // data bytes scanned
     int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
     char mesh_names[4][16];     // (mesh_nd)

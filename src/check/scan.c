@@ -361,6 +361,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
     res->reduced_by = gcd_reducer_words(set->wrapper);
+    res->rank_loss = set->rank_loss, res->shard_loss = set->shard_loss;
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {

@@ -128,6 +128,9 @@ typedef struct {
     const char *wrapper;              // check: what reduced the gradients, as the dumps record it (gradcheck.wrapper), or NULL
     const char *reduced_by;           // check: that step in words (gcd_reducer_words), or NULL outside check
     double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
+    const double *rank_loss;          // check: (world) the loss each rank's synced backward ran on (gradcheck.loss), or NULL
+    const double *shard_loss;         // check: (world) what each rank's batch gives alone in one process (the reference's
+                                      // gradcheck.shard_losses), or NULL
     gcd_probe_cfg cfg;
     int nparam;
     gcd_param_result *param;          // (nparam)
