@@ -464,7 +464,7 @@ def _reference(make_model, step, batch, seed, outdir, precision, references, obj
         model = make_model()
         track(model)
         rows = batch if order == "given" else _permute(batch, permutation(_rows(batch)))
-        loss = objective(model, rows) if objective is not None else step(model, rows, 0, 1)
+        loss = objective(model, rows) if objective is not None else _one_process_step(step, model, rows)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError(f"the reference's {'reference(model, batch)' if objective is not None else 'step(model, batch, 0, 1)'} "
                             f"must return the loss, a scalar tensor, not {type(loss).__name__}"
@@ -482,6 +482,18 @@ def _reference(make_model, step, batch, seed, outdir, precision, references, obj
         times.append(time.perf_counter() - t0)
     with open(os.path.join(outdir, "ref-times.json"), "w") as f:
         json.dump(times, f)
+
+
+def _one_process_step(step, model, rows):
+    """step(model, rows, 0, 1), the reference's default objective; a step that needs a process group says so."""
+    try:
+        return step(model, rows, 0, 1)
+    except (RuntimeError, ValueError) as e:
+        if "process group" not in str(e).lower():
+            raise
+        raise RuntimeError(f"{e}\nthe reference runs step(model, batch, 0, 1) in one process, without a process group: a "
+                           "step that needs one (an all_reduce of token counts) needs check_ddp(..., reference=fn(model, "
+                           "batch)) returning the objective the ranks compute together (docs/python.md)") from e
 
 
 def _shard_losses(model, step, batch, world, accumulate, seed):

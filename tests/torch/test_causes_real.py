@@ -161,3 +161,139 @@ def test_gradient_changed_after_the_all_reduce_should_not_be_named_unsynced_or_u
     assert "rank 0 holds it, the other not" in msg, msg
     for other in ("no all-reduce ran", "did not sync", "part the ranks' mean"):
         assert other not in msg, msg
+
+
+# ---- a double reduction: the loss all-reduced before backward, and DDP's average on top
+
+
+def step_loss_all_reduced(model, b, rank, world):
+    loss = model(*b)
+    if world > 1:   # for the logs, as many scripts do it, but on the loss backward then runs from
+        dist.all_reduce(loss)
+        loss = loss / world
+    return loss
+
+
+def step_loss_divided_by_world(model, b, rank, world):
+    return model(*b) / world   # each rank's own loss, divided: x1/world, but no all-reduce of the loss
+
+
+def test_loss_all_reduced_before_backward_should_be_named_a_double_reduction():
+    msg, _ = first_finding(make_net, step_loss_all_reduced, batch(), world=WORLD)
+    assert "x0.5 (= 1/world): a double reduction" in msg, msg
+    assert "dist.all_reduce(loss); loss /= world" in msg and "Fix: backward each rank's own loss" in msg, msg
+
+
+def test_loss_divided_by_world_should_not_be_named_a_double_reduction():
+    msg, _ = first_finding(make_net, step_loss_divided_by_world, batch(), world=WORLD)
+    assert "x0.5 (= 1/world)" in msg and "double reduction" not in msg, msg
+
+
+class Pooled(torch.nn.Module):
+    """A loss over the whole world's features: the squared norm of their mean (the same value on every rank)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 4)
+
+    def forward(self, x, world):
+        f = torch.tanh(self.l1(x))
+        if world > 1:   # a gather whose backward keeps only the rank's own rows (open_clip's gather_with_grad=False)
+            parts = [torch.zeros_like(f) for _ in range(world)]
+            dist.all_gather(parts, f.detach())
+            parts[dist.get_rank()] = f
+            f = torch.cat(parts)
+        return f.mean(0).pow(2).sum()
+
+
+def make_pooled():
+    return Pooled()
+
+
+def step_pooled(model, b, rank, world):
+    return model(b[0], world)
+
+
+def test_equal_losses_of_a_gathered_batch_should_not_be_named_a_double_reduction():
+    # every rank's loss is the same (the world's), and the gradient x1/world: but that loss is not the mean of what
+    # the ranks' batches give alone, so nothing was averaged in the forward
+    msg, rep = first_finding(make_pooled, step_pooled, batch(), world=WORLD)
+    assert "(= 1/world)" in msg and "double reduction" not in msg, msg
+    losses = {d["metadata"]["gradcheck.loss"] for d in rep["runs"][0]["dumps"]}
+    assert len(losses) == 1, losses
+
+
+# ---- the reference's objective: reference=fn(model, batch)
+
+V, T = 12, 6
+
+
+class Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(V, 8), torch.nn.Linear(8, V)
+
+    def forward(self, ids, targets, mask):
+        """Each token's loss times its mask, summed, and the number of tokens that count."""
+        logits = self.out(torch.tanh(self.emb(ids)))
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="none")
+        return (per_token * mask.reshape(-1)).sum(), mask.sum()
+
+
+def make_tokens():
+    return Tokens()
+
+
+def token_batch():
+    g = torch.Generator().manual_seed(7)
+    ids, targets = torch.randint(0, V, (8, T), generator=g), torch.randint(0, V, (8, T), generator=g)
+    lengths = torch.tensor([6, 6, 5, 6, 2, 1, 3, 2])   # rank 0's rows (world 2) hold 23 tokens, rank 1's 8
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    return ids, targets, mask
+
+
+def step_global_token_count(model, b, rank, world):
+    """The recipe (docs/python.md): every rank divides its tokens' summed loss by the token count of the whole
+    world (an all_reduce of the counts) and multiplies by the world, since DDP averages the ranks' gradients."""
+    total, n = model(*b)
+    n = n.clone()
+    dist.all_reduce(n)   # training always has a process group: the one-process reference has none
+    return total * world / n
+
+
+def token_objective(model, b):
+    """The objective those ranks compute: every token's loss over the number of tokens."""
+    total, n = model(*b)
+    return total / n
+
+
+def test_global_token_count_recipe_should_pass_with_its_reference():
+    check_ddp(make_tokens, step_global_token_count, token_batch(), world=WORLD, reference=token_objective)
+
+
+def test_global_token_count_recipe_without_its_reference_should_say_to_give_one():
+    with pytest.raises(RuntimeError) as e:
+        check_ddp(make_tokens, step_global_token_count, token_batch(), world=WORLD)
+    assert "reference=" in str(e.value) and "without a process group" in str(e.value), str(e.value)
+
+
+def step_per_rank_mean(model, b, rank, world):
+    total, n = model(*b)
+    return total / n   # each rank's own tokens' mean: DDP's objective is the mean of these, not the token mean
+
+
+def per_rank_objective(model, b):
+    """What DDP's average of per-rank means is the gradient of: the mean over the world's shards of each one's own
+    token mean (shards as check_ddp cuts them: rank r the r-th of WORLD equal slices)."""
+    means = [model(*shard) for shard in zip(*(t.chunk(WORLD) for t in b))]
+    return sum(total / n for total, n in means) / WORLD
+
+
+def test_per_rank_mean_should_be_reported_against_the_token_mean():
+    msg, _ = first_finding(make_tokens, step_per_rank_mean, token_batch(), world=WORLD)
+    assert "wrong gradient" in msg or "reference x" in msg, msg
+
+
+def test_per_rank_mean_should_pass_with_the_per_rank_objective_as_reference():
+    # the objective depends on which rows share a rank: one reference (a permuted one would mix the ranks' rows)
+    check_ddp(make_tokens, step_per_rank_mean, token_batch(), world=WORLD, reference=per_rank_objective, references=1)
