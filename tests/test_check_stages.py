@@ -128,6 +128,40 @@ def earlier_tensors_of_unlisted_names_are_refused():
     expect([f"{d}/local", f"{d}/reduced", "--ref", refp], 2, "tensor 'nope@earlier' is not in gradcheck.params")
 
 
+def with_losses(d, losses, shard_losses):
+    """x1/world reduced dumps (world 4) recording each rank's loss, and a reference recording the batches' own"""
+    os.makedirs(d, exist_ok=True)
+    ref = grads()
+    for k in range(W):
+        m = w.meta(k, W, "reduced", NAMES)
+        if losses is not None:
+            m["gradcheck.loss"] = losses[k]
+        w.write_dump(f"{d}/rank{k}.safetensors", {n: v / np.float32(W) for n, v in ref.items()}, metadata=m, params=NAMES)
+    m = w.meta(0, 1, "reduced", NAMES)
+    if shard_losses is not None:
+        m["gradcheck.shard_losses"] = shard_losses
+    return w.write_dump(f"{d}.ref.safetensors", ref, metadata=m, params=NAMES)
+
+
+@case
+def recorded_losses_name_a_double_reduction_and_bad_ones_are_exit_2():
+    d = t.fresh("losses")
+    refp = with_losses(f"{d}/ok", ["0.5"] * W, "[0.3, 0.4, 0.6, 0.7]")
+    expect([f"{d}/ok", "--ref", refp], 1, "x0.25 (= 1/world): a double reduction")
+    refp = with_losses(f"{d}/differ", ["0.3", "0.4", "0.6", "0.7"], "[0.3, 0.4, 0.6, 0.7]")
+    text, _ = expect([f"{d}/differ", "--ref", refp], 1, "x0.25 (= 1/world)")
+    need("double reduction" not in text, text)
+    refp = with_losses(f"{d}/nan", ["nan"] * W, "[0.3, 0.4, 0.6, 0.7]")   # a diverged loss: recorded, says nothing
+    text, _ = expect([f"{d}/nan", "--ref", refp], 1, "x0.25 (= 1/world)")
+    need("double reduction" not in text, text)
+    refp = with_losses(f"{d}/word", ["0.5", "half", "0.5", "0.5"], "[0.3, 0.4, 0.6, 0.7]")
+    expect([f"{d}/word", "--ref", refp], 2, "metadata gradcheck.loss is 'half', not a number")
+    refp = with_losses(f"{d}/short", ["0.5"] * W, "[0.3, 0.4]")
+    expect([f"{d}/short", "--ref", refp], 2, "gradcheck.shard_losses is not a list of 4 numbers")
+    refp = with_losses(f"{d}/str", ["0.5"] * W, '[0.3, "0.4", 0.6, 0.7]')
+    expect([f"{d}/str", "--ref", refp], 2, "gradcheck.shard_losses[1] is not a finite number")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: test_check_stages.py GRADCHECK_DIST")

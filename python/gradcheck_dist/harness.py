@@ -26,6 +26,7 @@ a mean, or a loss normalised by the rank's batch size in another way, is a diffe
 check then reports `scaled`, which is correct.
 """
 import json
+import math
 import os
 import pickle
 import shutil
@@ -382,6 +383,8 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None, s
     that skipped the synced backward."""
     import contextlib
 
+    import torch
+
     for i in range(accumulate):
         micro = _shard(shard, i, accumulate)
         with _no_sync(ddp) if i < accumulate - 1 else contextlib.nullcontext():
@@ -392,7 +395,7 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate, cap=None, s
                     return missing
                 if cap is not None:
                     cap.mark()
-                if seen is not None:
+                if seen is not None and loss is not None and loss.numel() == 1 and bool(torch.isfinite(loss.detach()).all()):
                     seen["loss"] = float(loss.detach().float())
             if loss is not None:
                 (loss / accumulate).backward()
@@ -470,7 +473,8 @@ def _reference(make_model, step, batch, seed, outdir, precision, references, obj
                             f"must return the loss, a scalar tensor, not {type(loss).__name__}"
                             f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         loss.backward()
-        extra = {"gradcheck.loss": repr(float(loss.detach().float()))}
+        value = float(loss.detach().float())
+        extra = {"gradcheck.loss": repr(value)} if math.isfinite(value) else {}
         if order == "permuted":
             extra["gradcheck.order"] = "permuted"
         elif world:
@@ -512,7 +516,7 @@ def _shard_losses(model, step, batch, world, accumulate, seed):
                 out.append(float(loss.detach().float()))
     except Exception:
         return None
-    return out
+    return out if all(math.isfinite(v) for v in out) else None
 
 
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
