@@ -85,7 +85,12 @@ def step_wrapper(model, b, rank, world):
 
 
 def test_forward_around_the_wrapper_should_name_it_and_the_fix():
-    msg, _ = first_finding(make_net, step_around_wrapper, batch(), world=WORLD)
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_net, step_around_wrapper, batch(), world=WORLD)
+    msg = counting(e.value.report)[0]["message"]
+    with open(os.path.join(e.value.workdir, "ticket.md")) as f:   # the ticket's title names it too
+        title = f.readline()
+    assert "different ranks (no all-reduce ran)" in title, title
     assert "no all-reduce ran for them" in msg and "went around the DDP wrapper" in msg, msg
     assert "Fix: call the wrapper, model(...)" in msg, msg
     assert "no rank holds it" in msg, msg
@@ -179,9 +184,14 @@ def step_loss_divided_by_world(model, b, rank, world):
 
 
 def test_loss_all_reduced_before_backward_should_be_named_a_double_reduction():
-    msg, _ = first_finding(make_net, step_loss_all_reduced, batch(), world=WORLD)
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_net, step_loss_all_reduced, batch(), world=WORLD)
+    msg = counting(e.value.report)[0]["message"]
     assert "x0.5 (= 1/world): a double reduction" in msg, msg
     assert "dist.all_reduce(loss); loss /= world" in msg and "Fix: backward each rank's own loss" in msg, msg
+    with open(os.path.join(e.value.workdir, "ticket.md")) as f:   # the ticket's title names it too
+        title = f.readline()
+    assert "(1/world: a double reduction)" in title, title
 
 
 def test_loss_divided_by_world_should_not_be_named_a_double_reduction():
