@@ -652,14 +652,16 @@ def _use_safetensors(writer):
 
 
 def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
-               precision=None, shards=None, model=None, mesh=None):
+               precision=None, shards=None, model=None, mesh=None, earlier=None):
     """Writes `grads` ({name: tensor or None}) for the trainable names `params`; atomic (temp + rename).
 
     precision: the precision the step computed in (PRECISIONS, a torch dtype or a Lightning string); None:
     inferred (infer_precision). shards: {name: {"shape": [...], "start": n}} for tensors that are one rank's
     run of a larger parameter, or {name: {"shape", "placements", "offsets", "lengths"}} for a piece on a mesh,
     which needs mesh: {"shape", "names", "coords", "ranks"} (docs/dumps.md). writer: None/"stream" (streams each tensor into the file) or "safetensors"
-    (safetensors.torch.save_file, which copies every tensor first). Returns the path written.
+    (safetensors.torch.save_file, which copies every tensor first). earlier: stage local only, {name: tensor}: the
+    gradient accumulated before the last backward, written as NAME@earlier (LocalGradCapture.mark()). Returns the
+    path written.
     """
     if stage not in ("local", "reduced"):
         raise ValueError(f"stage must be 'local' or 'reduced', not {stage!r}")
@@ -690,6 +692,10 @@ def write_dump(path, grads, params, stage, rank=None, world=None, extra_metadata
             raise ValueError(f"{n}: {len(s['placements'])} placements on a {len(mesh['shape'])}-D mesh")
     if shards:
         meta["gradcheck.shards"] = json.dumps(shards, separators=(",", ":"))
+    if earlier:
+        if stage != "local":
+            raise ValueError("earlier= is the local stage's: the gradient accumulated before the last backward")
+        tensors.update({n + "@earlier": earlier[n] for n in params if earlier.get(n) is not None and n in tensors})
     if mesh is not None:
         meta["gradcheck.mesh"] = json.dumps(mesh, separators=(",", ":"))
     meta.update(_versions())
@@ -781,6 +787,7 @@ class LocalGradCapture:
         self.model = model
         self.params = [n for n, _ in named]
         self.grads = {}
+        self.earlier = {}
         self._handles = [p.register_hook(self._hook(n)) for n, p in named]
         track(model)
 
@@ -793,8 +800,16 @@ class LocalGradCapture:
             return None
         return hook
 
+    def mark(self):
+        """Call right before the last backward of a step (gradient accumulation: before the synced one): what was
+        captured so far is kept, and dump() writes it beside each gradient as NAME@earlier. `check` then tells a
+        last backward that did not sync (each rank's reduced gradient: the ranks' mean of the earlier part plus its
+        own last part) from other reasons the ranks disagree. Nothing captured yet: nothing kept."""
+        self.earlier = {n: g.clone() for n, g in self.grads.items()}
+
     def reset(self):
         self.grads = {}
+        self.earlier = {}
 
     def remove(self):
         for h in self._handles:
@@ -803,7 +818,7 @@ class LocalGradCapture:
 
     def dump(self, path, rank=None, world=None, extra_metadata=None, dtype=None, writer=None, precision=None):
         return write_dump(path, self.grads, self.params, "local", rank, world, extra_metadata, dtype, writer,
-                          precision=precision, model=self.model)
+                          precision=precision, model=self.model, earlier=self.earlier)
 
 
 # ---- reading (for tests and callers that want the numbers back without safetensors)

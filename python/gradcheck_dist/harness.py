@@ -26,6 +26,7 @@ a mean, or a loss normalised by the rank's batch size in another way, is a diffe
 check then reports `scaled`, which is correct.
 """
 import json
+import math
 import os
 import pickle
 import shutil
@@ -374,18 +375,24 @@ def _no_sync(wrapped):
 
 
 def _loss_value(loss):
-    """The loss as a float for gradcheck.loss, or None where it is not one number."""
+    """The loss as a float for gradcheck.loss, or None where it is not one finite number."""
     try:
-        return float(loss.detach()) if hasattr(loss, "detach") and loss.numel() == 1 else None
+        v = float(loss.detach().float()) if hasattr(loss, "detach") and loss.numel() == 1 else None
     except Exception:
         return None
+    return v if v is not None and math.isfinite(v) else None
 
 
-def _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses=None):
+def _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses=None, cap=None):
     """The step as gradient accumulation runs it: shard split into `accumulate` equal micro-batches, each loss
     divided by `accumulate`; every backward but the last under ddp.no_sync() (entered before the forward: DDP
-    reads it there), the last synced. losses (a list): each micro-batch's loss / accumulate is appended."""
+    reads it there), the last synced. losses (a list): each micro-batch's loss / accumulate is appended (their sum
+    is the rank's loss of the step: gradcheck.loss). cap (LocalGradCapture): marked before the last backward, so the
+    local dumps keep what was accumulated before it (NAME@earlier), where anything was (the step's own backward
+    calls too). Returns the ranks that skipped the synced backward."""
     import contextlib
+
+    import torch
 
     for i in range(accumulate):
         micro = _shard(shard, i, accumulate)
@@ -395,6 +402,8 @@ def _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses=None
                 missing = _not_joining(loss, world)
                 if missing:
                     return missing
+                if cap is not None:
+                    cap.mark()
             if loss is not None:
                 (loss / accumulate).backward()
                 if losses is not None:
@@ -451,9 +460,11 @@ def _init_group(rank, world, initfile, timeout):
                             timeout=datetime.timedelta(seconds=max(1, int(timeout))))
 
 
-def _reference(make_model, step, batch, seed, outdir, precision, references):
-    """The single-process reference: no process group, the whole batch, step(model, batch, 0, 1); with
-    references=2 again, re-seeded identically, the rows permuted (ref-permuted.safetensors: the noise)."""
+def _reference(make_model, step, batch, seed, outdir, precision, references, objective=None, world=None, accumulate=1):
+    """The single-process reference: no process group, the whole batch, step(model, batch, 0, 1) (or objective(model,
+    batch): check_ddp's reference=); with references=2 again, re-seeded identically, the rows permuted
+    (ref-permuted.safetensors: the noise). Its loss is recorded (gradcheck.loss), and with world, what each rank's
+    synced micro-batch gives alone in one process (gradcheck.shard_losses, _shard_losses)."""
     import torch
 
     from .dump import dump_grads, track
@@ -465,9 +476,19 @@ def _reference(make_model, step, batch, seed, outdir, precision, references):
         model = make_model()
         track(model)
         rows = batch if order == "given" else _permute(batch, permutation(_rows(batch)))
-        loss = step(model, rows, 0, 1)
+        loss = objective(model, rows) if objective is not None else _one_process_step(step, model, rows)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"the reference's {'reference(model, batch)' if objective is not None else 'step(model, batch, 0, 1)'} "
+                            f"must return the loss, a scalar tensor, not {type(loss).__name__}"
+                            f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         loss.backward()
-        extra = {"gradcheck.order": "permuted"} if order == "permuted" else None
+        extra = {}
+        if order == "permuted":
+            extra["gradcheck.order"] = "permuted"
+        elif world:
+            losses = _shard_losses(model, step, batch, world, accumulate, seed)
+            if losses is not None:
+                extra["gradcheck.shard_losses"] = json.dumps(losses)
         dump_grads(model, os.path.join(outdir, "ref.safetensors" if order == "given" else "ref-permuted.safetensors"),
                    rank=0, world=1, precision=precision, extra_metadata=extra, loss=_loss_value(loss))
         times.append(time.perf_counter() - t0)
@@ -475,8 +496,41 @@ def _reference(make_model, step, batch, seed, outdir, precision, references):
         json.dump(times, f)
 
 
+def _one_process_step(step, model, rows):
+    """step(model, rows, 0, 1), the reference's default objective; a step that needs a process group says so."""
+    try:
+        return step(model, rows, 0, 1)
+    except (RuntimeError, ValueError) as e:
+        if "process group" not in str(e).lower():
+            raise
+        raise RuntimeError(f"{e}\nthe reference runs step(model, batch, 0, 1) in one process, without a process group: a "
+                           "step that needs one (an all_reduce of token counts) needs check_ddp(..., reference=fn(model, "
+                           "batch)) returning the objective the ranks compute together (docs/python.md)") from e
+
+
+def _shard_losses(model, step, batch, world, accumulate, seed):
+    """What each rank's shard gives alone, as a rank's gradcheck.loss counts it (the mean over its `accumulate`
+    micro-batches of step(model, micro, 0, 1)), without gradients, after the reference's dump is taken (its
+    gradients are not touched). A rank's loss that is the mean of these while they differ was averaged over the
+    ranks in the forward (`check` names a double reduction). None where the step cannot run so (it calls backward
+    itself, or fails)."""
+    import torch
+
+    out = []
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            for r in range(world):
+                mine = _shard(batch, r, world)
+                out.append(sum(float(step(model, _shard(mine, i, accumulate), 0, 1).detach().float())
+                               for i in range(accumulate)) / accumulate)
+    except Exception:
+        return None
+    return out if all(math.isfinite(v) for v in out) else None
+
+
 def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision, find_unused, one_thread,
-                references=2, accumulate=1, strategy="ddp"):
+                references=2, accumulate=1, strategy="ddp"):   # payload: (make_model, step, batch, reference)
     def body():
         if one_thread:
             _one_thread()
@@ -485,9 +539,9 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
 
         from .dump import LocalGradCapture, dump_grads
 
-        make_model, step, batch = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        make_model, step, batch, objective = pickle.loads(payload) if isinstance(payload, bytes) else payload
         if rank is None:
-            return _reference(make_model, step, batch, seed, outdir, precision, references)
+            return _reference(make_model, step, batch, seed, outdir, precision, references, objective, world, accumulate)
         _init_group(rank, world, initfile, timeout)
         try:
             torch.manual_seed(seed)
@@ -497,7 +551,7 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             ddp = _wrap(model, strategy, fup)
             cap = LocalGradCapture(ddp) if strategy == "ddp" else None   # local dumps: DDP's (before its all-reduce)
             losses = []
-            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses)
+            missing = _accumulated_backward(ddp, step, shard, rank, world, accumulate, losses, cap)
             if missing:
                 if rank == min(range(world), key=lambda r: r in missing):   # one writer: the first rank that joined
                     from .dump import safe_write
@@ -606,7 +660,7 @@ def _end_procs(procs):
 
 def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, binary=None, workdir=None, timeout=300,
               start_method=None, precision=None, find_unused_parameters="auto", one_thread=True, references=2,
-              accumulate=1, strategy="ddp"):
+              accumulate=1, strategy="ddp", reference=None):
     """Checks one DDP step against the single-process reference.
 
     make_model(): builds the model (called after torch.manual_seed(seed) on every rank and for the
@@ -632,6 +686,10 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
     accumulate=K: gradient accumulation: each rank's shard is split into K equal micro-batches, each loss divided
     by K, the first K-1 backward calls under DDP's no_sync() and the last synced; the reference is the objective,
     not the loop (step(model, batch, 0, 1) once). The shard's rows must split evenly into K.
+    reference: the reference's objective, reference(model, batch) -> loss, called in the reference process (no
+    process group) on the whole batch in place of step(model, batch, 0, 1): for an objective the one-process step does
+    not compute (per-rank statistics, a loss normalised by a count the ranks all-reduce; docs/python.md). It must be
+    the objective whose gradient DDP's average of the ranks' gradients is: (1/world) x the sum of the ranks' losses.
     strategy: the data-parallel wrapper: "ddp" (default; local dumps too), "fsdp" (FSDP1, use_orig_params=True)
     or "fsdp2" (fully_shard on the whole model; torch >= 2.4): the reduced (sharded) dumps only.
     Each rank's dump records its loss of the step and the reference's the objective (gradcheck.loss).
@@ -646,7 +704,9 @@ def check_ddp(make_model, step, batch, world=4, seed=0, ignore=(), tol=None, bin
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per step), not {accumulate!r}")
     references = _no_second_reference(batch, references, "check_ddp")
     bin_path = find_binary(binary)  # before any rank starts
-    method, payload = _start_method(start_method, (make_model, step, batch))
+    if reference is not None and not callable(reference):
+        raise TypeError(f"reference must be a function reference(model, batch) -> loss, not {type(reference).__name__}")
+    method, payload = _start_method(start_method, (make_model, step, batch, reference))
     return _run_ranks(f"check_ddp world {world}", "gcd-ddp-", _ddp_worker, world, method,
                       (payload, seed, None, None, timeout, precision, find_unused_parameters, one_thread, references,
                        accumulate, strategy),

@@ -56,6 +56,8 @@ typedef struct {
     int nheld;
     int loss_known;             // gradcheck.loss on every judged dump and the reference: their mean and the reference's
     double loss_mean, loss_ref;
+    double *rank_loss;          // (world) gradcheck.loss of each rank's judged dump (the loss its synced backward ran on), or NULL
+    double *shard_loss;         // (world) the reference's gradcheck.shard_losses: what each rank's batch gives alone, or NULL
     uint64_t bytes;             // data bytes scanned
     int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
     char mesh_names[4][16];     // (mesh_nd)

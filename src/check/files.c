@@ -161,6 +161,18 @@ static int meta_params(const gcd_st_file *f, char ***out, int *n, char *err, siz
 
 
 
+// NAME@earlier, NAME a listed parameter: what a local dump holds beside NAME, the gradient accumulated
+// before the last backward (LocalGradCapture.mark())
+static int earlier_of(char **sorted, int np, const char *name) {
+    size_t n = strlen(name), k = strlen("@earlier");
+    if (n <= k || strcmp(name + n - k, "@earlier")) return 0;
+    char *base = gcd_strdup(name);
+    base[n - k] = 0;
+    int in = in_sorted(sorted, np, base);
+    free(base);
+    return in;
+}
+
 static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **params, int np, char *err, size_t len) {
     const char *fmt = gcd_st_meta(f, "gradcheck.format");
     if (!fmt) return fail(err, len, "%s: no gradcheck.format in its metadata: not a gradcheck dump (write it with gradcheck_dist.dump_grads)", f->path);
@@ -172,6 +184,7 @@ static int check_file(const gcd_check_opts *o, const gcd_st_file *f, char **para
     int rc = 0;
     for (int i = 0; !rc && i < f->ntensor; i++) {
         const gcd_st_tensor *t = &f->tensor[i];
+        if (!strcmp(stage, "local") && earlier_of(sorted, np, t->name)) continue;   // the gradient before the last backward (check/stages.c)
         if (!in_sorted(sorted, np, t->name))
             rc = fail(err, len, "%s: tensor '%.80s' is not in gradcheck.params (every gradient must be a listed parameter)", f->path, t->name);
         else if (t->dtype == GCD_DT_OTHER && !ignored(o, t->name))

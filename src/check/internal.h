@@ -118,6 +118,16 @@ int gcd_shards_check(const gcd_check_opts *o, gcd_check_set *set, char *err, siz
 int gcd_mesh_load(gcd_check_set *set, char *err, size_t len);
 
 // ----------------------------------------------------------------------------
+// scan.c and stages.c
+
+// m values of dtype dt at b, as float64, into out
+void gcd_check_convert(gcd_dtype dt, const unsigned char *b, size_t m, double *out);
+// Both stages, p's ranks disagreeing after the reduce: each rank's reduced gradient against its own local
+// one, their mean, and the gradient accumulated before the last backward (name@earlier in the local dump,
+// where it is): p->stage_cause, own_rel, ref_rel, split_rel. 0, or 2 with err set.
+int gcd_check_stages(const gcd_check_set *set, gcd_param_result *p, int sharded, char *err, size_t len);
+
+// ----------------------------------------------------------------------------
 // digest.c: the files the scan does not hash, hashed by a pool of threads
 
 typedef struct gcd_hash_pool gcd_hash_pool;

@@ -118,6 +118,35 @@ static int load_recorded(gcd_check_set *set, char *err, size_t len) {
     return rc;
 }
 
+// gradcheck.loss of every rank's judged dump and the reference's gradcheck.shard_losses (check_ddp records both):
+// each rank's loss, and what each rank's batch gives alone; either absent anywhere: none (NULL)
+static int load_losses(gcd_check_set *set, char *err, size_t len) {
+    int W = set->world;
+    const char *sl = set->has_ref ? gcd_st_meta(&set->ref, "gradcheck.shard_losses") : NULL;
+    set->rank_loss = gcd_malloc((size_t)W * sizeof(double));
+    for (int k = 0; k < W; k++) {
+        const char *v = gcd_st_meta(&set->rank[k], "gradcheck.loss");
+        char *end = NULL;
+        if (!v) { free(set->rank_loss), set->rank_loss = NULL; break; }
+        set->rank_loss[k] = strtod(v, &end);
+        if (end == v || *end) return fail(err, len, "%s: metadata gradcheck.loss is '%.40s', not a number", set->rank[k].path, v);
+        if (!isfinite(set->rank_loss[k])) { free(set->rank_loss), set->rank_loss = NULL; break; }   // a loss that diverged says nothing here
+    }
+    if (!sl) return 0;
+    cJSON *a = cJSON_Parse(sl), *e;
+    int rc = cJSON_IsArray(a) && cJSON_GetArraySize(a) == W ? 0 : fail(err, len, "%s: metadata gradcheck.shard_losses is not a list of %d numbers", set->ref.path, W);
+    set->shard_loss = rc ? NULL : gcd_malloc((size_t)W * sizeof(double));
+    int k = 0;
+    cJSON *list = rc ? NULL : a;
+    cJSON_ArrayForEach(e, list) {
+        if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) { rc = fail(err, len, "%s: metadata gradcheck.shard_losses[%d] is not a finite number", set->ref.path, k); break; }
+        set->shard_loss[k++] = e->valuedouble;
+    }
+    if (rc) free(set->shard_loss), set->shard_loss = NULL;
+    cJSON_Delete(a);
+    return rc;
+}
+
 // ----------------------------------------------------------------------------
 // gcd_check_load, step by step
 
@@ -315,8 +344,8 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;
-    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) || (rc = gcd_held_load(set, err, len)) || (rc = gcd_losses_load(set, err, len)) ||
-        (rc = plan_tolerances(o, set, prec_tol, err, len)))
+    if ((rc = agreed_precision(set, o->tol > 0, &prec_tol, err, len)) || (rc = load_recorded(set, err, len)) || (rc = gcd_held_load(set, err, len)) ||
+        (rc = gcd_losses_load(set, err, len)) || (rc = plan_tolerances(o, set, prec_tol, err, len)) || (rc = load_losses(set, err, len)))
         return rc;
     set->digest = gcd_malloc((size_t)nfiles(set) * sizeof *set->digest);
     if (set->local) {
@@ -336,7 +365,7 @@ void gcd_check_free(gcd_check_set *set) {
     gcd_held_free(set);
     if (set->has_ref) gcd_st_close(&set->ref);
     if (set->has_ref2) gcd_st_close(&set->ref2);
-    free(set->rank);
+    free(set->rank), free(set->rank_loss), free(set->shard_loss);
     free(set->digest), free(set->local_digest);
     free_strs(set->params, set->nparams);
     memset(set, 0, sizeof *set);

@@ -90,6 +90,11 @@ GCD_CLONES static void take(int how, gcd_dtype dt, const unsigned char *s, size_
     a->mx = a->mx > mx || mx != mx ? (mx != mx ? mx : a->mx) : mx;
 }
 
+void gcd_check_convert(gcd_dtype dt, const unsigned char *b, size_t m, double *out) {
+    rank_acc a = { 0 };
+    take(TAKE_CONV, dt, b, m, out, &a, NULL);
+}
+
 typedef struct {
     const gcd_check_set *set;
     const gcd_st_tensor **t;   // (world + 2) rank k's tensor or NULL; the references' last
@@ -358,6 +363,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
     res->reduced_by = gcd_reducer_words(set->wrapper);
     res->loss_known = set->loss_known, res->loss_mean = set->loss_mean, res->loss_ref = set->loss_ref;
+    res->rank_loss = set->rank_loss, res->shard_loss = set->shard_loss;
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {
@@ -489,6 +495,7 @@ static uint64_t param_start(const gcd_check_opts *o, scan *s, int j, gcd_param_r
     s->sharded = set->sharded[j];
     if (s->sharded) place_shards(s, p);
     p->diff_base = p->first;
+    p->split_rel = NAN;
     return bytes_of;
 }
 
@@ -527,6 +534,11 @@ int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *
         gcd_param_result *p = &res->param[res->nparam++];
         seen += param_start(o, &s, j, p);
         if ((rc = scan_param(&s, p))) goto done;
+        if (set->local && p->status == GCD_ST_DISAGREE) {   // both stages: why they disagree (check/stages.c)
+            p->own_rel = gcd_malloc((size_t)set->world * sizeof(double)), p->ref_rel = gcd_malloc((size_t)set->world * sizeof(double));
+            for (int k = 0; k < set->world; k++) p->own_rel[k] = p->ref_rel[k] = NAN;
+            if ((rc = gcd_check_stages(set, p, s.sharded, err, len))) goto done;
+        }
         if (tty && total > (1u << 30)) fprintf(stderr, "\rcheck: %3.0f%% of %.1f GB", 100.0 * (double)seen / (double)total, (double)total / 1e9);
     }
     if (tty && total > (1u << 30)) fprintf(stderr, "\r%40s\r", "");

@@ -87,13 +87,37 @@ void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
 // ----------------------------------------------------------------------------
 // a scale: one finding per distinct scale, with what it usually means
 
+// A double reduction, from the losses check_ddp records: every rank's loss is the same value, the mean of what
+// the ranks' batches give alone in one process, while those differ: the loss was averaged over the ranks in the
+// forward. (A loss over a gathered batch is the same on every rank too, but not the mean of the batches' own.)
+static int double_reduced(const gcd_run_result *res) {
+    const double *l = res->rank_loss, *s = res->shard_loss;
+    if (!l || !s || res->world < 2) return 0;
+    double mean = 0, lo = INFINITY, hi = -INFINITY, tol = fmax(1e-4, 10 * res->tol);
+    for (int k = 0; k < res->world; k++) mean += s[k] / res->world, lo = fmin(lo, s[k]), hi = fmax(hi, s[k]);
+    double scale = fmax(fabs(mean), 1e-30);
+    if (!(hi - lo > tol * scale)) return 0;   // the batches give the same loss: equal losses say nothing
+    for (int k = 0; k < res->world; k++)
+        if (!(fabs(l[k] - l[0]) <= 1e-6 * fmax(fabs(l[0]), 1e-30) && fabs(l[k] - mean) <= tol * scale)) return 0;
+    return 1;
+}
+
 // What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
 // "(= 1/world)": their cause is the gather mode, which the table names
-static void scale_cause(gcd_sb *m, double c, int world, int words) {
-    int e;
+static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int words) {
+    int e, world = res->world;
     double f = frexp(c, &e), k = round(c), inv = round(1 / c);
     if (!words) {
         if (fabs(c * world - 1) <= 1e-6) gcd_sb_printf(m, " (= 1/world)");
+    } else if (fabs(c * world - 1) <= 1e-6 && double_reduced(res)) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int r = 0; r < world; r++) lo = fmin(lo, res->shard_loss[r]), hi = fmax(hi, res->shard_loss[r]);
+        gcd_sb_printf(m, " (= 1/world): a double reduction: every rank's loss is the same value, %.6g, the mean of what the ranks' "
+                         "batches give alone (%.6g to %.6g): the loss was all-reduced with a collective autograd does not see "
+                         "(dist.all_reduce(loss); loss /= world) before backward, so each rank's backward ran on its own loss "
+                         "divided by the world, and DDP averaged over the ranks again. Fix: backward each rank's own loss (DDP "
+                         "averages the gradients); all-reduce a detached copy for logging (l = loss.detach().clone(); "
+                         "dist.all_reduce(l); l /= world)", res->rank_loss[0], lo, hi);
     } else if (fabs(c * world - 1) <= 1e-6)
         gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
                          "only the rank's own rows, or a gradient divided by the world twice");
@@ -141,7 +165,7 @@ void gcd_cause_scaled(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, 
         int n = gcd_names_words(v, same_scale, &(scale_like){ p, j->pick }, m, ids);
         double c = gcd_shown_scale(p->scale, p->allowed);
         gcd_sb_printf(m, " %s the reference x%.6g", gcd_plural(n, "gradient is", "gradients are"), c);
-        scale_cause(m, c, res->world, v->check);
+        scale_cause(m, res, c, v->check);
         int ok = gcd_names_count(res, is_ok, NULL);
         if (ok) {
             gcd_sb others = { 0 };

@@ -107,7 +107,15 @@ static int batchnorm_differs(const gcd_param_result *p, const void *arg) {
 STATUS_PICK(is_partial, GCD_ST_PARTIAL)
 STATUS_PICK(is_zero, GCD_ST_ZERO)
 STATUS_PICK(is_nonfinite, GCD_ST_NONFINITE)
-static int is_disagree(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split != 2; }
+static int is_disagree(const gcd_param_result *p, const void *arg) {
+    (void)arg;
+    return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split != 2 && (p->stage_cause == GCD_SC_NONE || p->stage_cause == GCD_SC_OTHER);
+}
+#define CAUSE_PICK(fn, sc) \
+    static int fn(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->stage_cause == sc; }
+CAUSE_PICK(unreduced, GCD_SC_UNREDUCED)
+CAUSE_PICK(last_unsynced, GCD_SC_LAST_UNSYNCED)
+CAUSE_PICK(part_own, GCD_SC_PART)
 static int tp_copies(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_DISAGREE && !p->explained && p->tp_split == 2; }
 STATUS_PICK(is_scaled, GCD_ST_SCALED)
 STATUS_PICK(is_undecided, GCD_ST_UNDECIDED)
@@ -229,6 +237,8 @@ static void say_nonfinite(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb 
     }
 }
 
+static void say_against_ref(const gcd_run_result *res, const gcd_param_result *p, gcd_sb *m);
+
 // of the parameters a judgement picked, the one whose ranks differ most
 static const gcd_param_result *most_different(const gcd_run_result *res, const gcd_judged *j) {
     const gcd_param_result *worst = NULL;
@@ -253,6 +263,91 @@ static void say_disagree(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *
     gcd_sb_printf(m, " (a parameter outside DDP, a no_sync misuse, a gradient changed after the all-reduce, "
                      "torch.utils.checkpoint(use_reentrant=True) around code that runs more than once per step, or, in sharded "
                      "dumps, replicas of one shard (HSDP) that differ)");
+    say_against_ref(res, worst, m);
+}
+
+// the disagreeing tensor against the reference: which ranks, if any, hold it
+static void say_against_ref(const gcd_run_result *res, const gcd_param_result *p, gcd_sb *m) {
+    if (!p->ref_rel || res->no_ref || !isfinite(p->ref_rel[0])) return;
+    double ok = fmax(p->tol, isfinite(p->allowed) ? p->allowed : 0), lo = INFINITY, hi = 0;
+    unsigned char *match = gcd_malloc((size_t)res->world);
+    int n = 0;
+    for (int k = 0; k < res->world; k++) {
+        n += match[k] = p->ref_rel[k] <= ok;
+        if (!match[k]) lo = fmin(lo, p->ref_rel[k]), hi = fmax(hi, p->ref_rel[k]);
+    }
+    gcd_sb_printf(m, "; against the single-process reference (%s): ", p->name);
+    if (n) {
+        gcd_sb_printf(m, "rank%s ", gcd_plural(n, "", "s"));
+        gcd_ranks_list(m, match, 1, res->world);
+        gcd_sb_printf(m, " %s it", gcd_plural(n, "holds", "hold"));
+        if (n < res->world) gcd_sb_printf(m, ", the other%s not", gcd_plural(res->world - n, "", "s"));
+    } else {
+        gcd_sb_printf(m, "no rank holds it (relative error ");
+        gcd_finding_range(m, lo, hi);
+        gcd_sb_printf(m, ")");
+    }
+    free(match);
+}
+
+// of the parameters a judgement picked, the largest of a per-parameter figure
+static double most(const gcd_run_result *res, const gcd_judged *j, int split) {
+    double x = 0;
+    for (int i = 0; i < res->nparam; i++) {
+        const gcd_param_result *p = &res->param[i];
+        if (!j->pick(p, NULL)) continue;
+        for (int k = 0; !split && k < res->world; k++) x = fmax(x, p->own_rel[k]);
+        if (split) x = fmax(x, p->split_rel);
+    }
+    return x;
+}
+
+static void say_unreduced(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    int all = gcd_names_count(res, with_grad, NULL) == j->n;
+    gcd_sb_printf(m, "%s: no all-reduce ran for %s: on every rank the gradient after %s is that rank's own local one, from before "
+                     "it (relative difference %.2g at most), so the ranks hold different gradients",
+                  j->names, gcd_plural(j->n, "it", "them"), gcd_reducer_words(res->wrapper), most(res, j, 0));
+    say_against_ref(res, most_different(res, j), m);
+    if (all)
+        gcd_sb_printf(m, ". No parameter was all-reduced: the forward went around the DDP wrapper (a method of model.module called "
+                         "directly, e.g. model.module.loss(...)), or every backward of the step ran under no_sync(). Fix: call the "
+                         "wrapper, model(...), and compute the loss from its output (or move that method into forward): DDP syncs "
+                         "only the backward of its own forward call");
+    else
+        gcd_sb_printf(m, ". The other parameters were all-reduced: these are outside DDP (left out with "
+                         "_ddp_params_and_buffers_to_ignore, or added to the model after it was wrapped), or their forward ran "
+                         "around the wrapper (a submodule of model.module called directly). Fix: wrap the model once it is complete "
+                         "and reach every parameter through model(...)");
+}
+
+static void say_last_unsynced(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    gcd_sb_printf(m, "%s: the last backward of the gradient accumulation did not sync: on every rank the gradient after %s is the "
+                     "mean over the ranks of what was accumulated before the last backward, plus that rank's own last backward "
+                     "(relative difference %.2g at most), so the ranks hold different gradients",
+                  j->names, gcd_reducer_words(res->wrapper), most(res, j, 1));
+    say_against_ref(res, most_different(res, j), m);
+    gcd_sb_printf(m, ". The last micro-batch ran under no_sync(), or require_backward_grad_sync was set after its forward (DDP "
+                     "reads the flag in the forward: set after micro-batch i's forward, it decides micro-batch i+1's). Fix: "
+                     "decide before each forward: model.require_backward_grad_sync = (i == K - 1), or every micro-batch but "
+                     "the last, forward and backward, inside model.no_sync()");
+}
+
+static void say_part_own(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)ids;
+    const gcd_run_result *res = v->res;
+    gcd_sb_printf(m, "%s: each rank's gradient after %s is part the ranks' mean and part its own: the ranks' gradients still "
+                     "average to the mean of their local ones, yet each differs from that mean and from its own local one",
+                  j->names, gcd_reducer_words(res->wrapper));
+    say_against_ref(res, most_different(res, j), m);
+    gcd_sb_printf(m, ". A backward that was not all-reduced added to one that was: usually the last backward of a gradient "
+                     "accumulation that did not sync (no_sync() around it, or require_backward_grad_sync set after its forward: "
+                     "DDP reads it in the forward), or torch.utils.checkpoint(use_reentrant=True) recomputing after DDP's "
+                     "reduction. Fix: decide the sync before each forward, syncing the last micro-batch (the local dumps hold no "
+                     "gradient from before the last backward, NAME@earlier from LocalGradCapture.mark(), that would say which)");
 }
 
 // rank k, and where it sits on the mesh: "rank 1 (dp 0, tp 1)"
@@ -386,6 +481,9 @@ static const judgement judgements[] = {
     { "zero",             NULL,             is_zero,            PER_ALL, say_zero },
     { "nonfinite",        NULL,             is_nonfinite,       PER_ONE, say_nonfinite },
     { "disagree",         NULL,             tp_copies,          PER_ALL, say_tp_copies },
+    { "disagree",         NULL,             unreduced,          PER_ALL, say_unreduced },
+    { "disagree",         NULL,             last_unsynced,      PER_ALL, say_last_unsynced },
+    { "disagree",         NULL,             part_own,           PER_ALL, say_part_own },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
     { "own_slot",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause

@@ -381,7 +381,7 @@ void gcd_run_result_free(gcd_run_result *res) {
         gcd_param_result *p = &res->param[i];
         free(p->init), free(p->local), free(p->has), free(p->reduced), free(p->reference);
         free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite), free(p->differs);
-        free(p->rank_path), free(p->via), free(p->reason), free(p->local_has);
+        free(p->rank_path), free(p->via), free(p->reason), free(p->local_has), free(p->own_rel), free(p->ref_rel);
     }
     for (int f = 0; f < res->nfeat; f++) {
         gcd_feat_grads *g = &res->feat[f];

@@ -16,6 +16,16 @@ typedef enum {
     GCD_ST_COUNT
 } gcd_status;
 
+// check with both stages, a tensor whose ranks disagree after the reduce: what each rank's reduced gradient
+// R_k equals (check/stages.c)
+typedef enum {
+    GCD_SC_NONE,           // not measured (one stage, a sharded or partial tensor, ranks that agree)
+    GCD_SC_UNREDUCED,      // R_k = L_k, its own local gradient, on every rank: no all-reduce ran for it
+    GCD_SC_LAST_UNSYNCED,  // R_k = mean_j E_j + (L_k - E_k): the backward after E (the last) did not sync
+    GCD_SC_PART,           // mean_k R_k = mean_k L_k, R_k neither: part averaged, part the rank's own
+    GCD_SC_OTHER,          // none of these: changed after the all-reduce, or outside it
+} gcd_stage_cause;
+
 // What the classifier reads of one gradient g against its reference r, summed in float64 over the
 // finite values, chunk by chunk (verdict.c: gcd_sums_add, gcd_sums_resid).
 typedef struct {
@@ -74,6 +84,10 @@ typedef struct {
     int first;                    // stage reduced: the first rank with a gradient, g's source
     double max_diff, diff_rel;    // largest |g_k - g_first| and ||g_k - g_first|| / ||g_first||
     int diff_base;                // the rank those are against: first, or (sharded, HSDP) the first holder of the differing replica's run
+    gcd_stage_cause stage_cause;  // check, both stages, status disagree: what the reduced gradients equal
+    double *own_rel;              // (world) stage_cause set: ||R_k - L_k|| / max(||R_k||, ||L_k||), else NULL
+    double *ref_rel;              // (world) stage_cause set: ||R_k - r|| / ||r|| (NAN without a reference), else NULL
+    double split_rel;             // stage_cause set: max_k ||R_k - (mean E + L_k - E_k)|| / max(..), NAN without E
     int tp_split;                 // run, a tensor-parallel probe: 1 sharded (reduced is the sum of the ranks' pieces), 2 replicated, else 0
     // run only (probes): the forward graph (run.c), and where the gradient goes wrong (blame.c)
     gcd_path *rank_path;          // (world) each rank's shortest path to its loss; n 0 where it does not use the parameter
@@ -121,6 +135,9 @@ typedef struct {
     double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
     int loss_known;                   // check: every rank's dump and the reference record the step's loss (gradcheck.loss)
     double loss_mean, loss_ref;       // check, loss_known: the ranks' mean loss and the reference's objective
+    const double *rank_loss;          // check: (world) the loss each rank's synced backward ran on (gradcheck.loss), or NULL
+    const double *shard_loss;         // check: (world) what each rank's batch gives alone in one process (the reference's
+                                      // gradcheck.shard_losses), or NULL
     gcd_probe_cfg cfg;
     int nparam;
     gcd_param_result *param;          // (nparam)

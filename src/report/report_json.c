@@ -308,6 +308,10 @@ static cJSON *per_rank(const gcd_param_result *p, int world) {
         put(o, "nonfinite", cJSON_CreateNumber((double)p->rank_nonfinite[k]));
         put(o, "first_nonfinite", p->rank_first_nonfinite[k] >= 0 ? cJSON_CreateNumber((double)p->rank_first_nonfinite[k]) : cJSON_CreateNull());
         put(o, "differs", cJSON_CreateBool(p->differs[k]));
+        if (p->own_rel) {   // check, both stages, ranks that disagree: against its own local gradient and the reference
+            put(o, "own_local_rel", isfinite(p->own_rel[k]) ? num(p->own_rel[k]) : cJSON_CreateNull());
+            put(o, "ref_rel", isfinite(p->ref_rel[k]) ? num(p->ref_rel[k]) : cJSON_CreateNull());
+        }
     }
     return a;
 }
@@ -368,6 +372,12 @@ void gcd_report_add_check(cJSON *doc, const gcd_check_set *set, const gcd_run_re
         put(o, "max_rank_diff", num(p->max_diff));
         put(o, "rank_diff_rel", num(p->diff_rel));
         put(o, "per_rank", per_rank(p, set->world));
+        if (p->stage_cause) {
+            static const char *const causes[] = { [GCD_SC_UNREDUCED] = "unreduced", [GCD_SC_LAST_UNSYNCED] = "last_unsynced", [GCD_SC_PART] = "part_own",
+                                                  [GCD_SC_OTHER] = "other" };
+            put(o, "stage_cause", cJSON_CreateString(causes[p->stage_cause]));
+            put(o, "split_rel", isfinite(p->split_rel) ? num(p->split_rel) : cJSON_CreateNull());
+        }
     }
     add_findings(r, res);
 }

@@ -186,8 +186,13 @@ static void finding_words(gcd_sb *b, const cJSON *run, const cJSON *f) {
     else if (!strcmp(kind, "partial")) gcd_sb_printf(b, "a gradient on only %d of %d ranks", gcd_jint(p, "ranks_with_grad"), W);
     else if (!strcmp(kind, "zero")) gcd_sb_printf(b, "an all-zero gradient");
     else if (!strcmp(kind, "nonfinite")) gcd_sb_printf(b, "NaN or Inf in the gradient");
-    else if (!strcmp(kind, "disagree")) gcd_sb_printf(b, "a different gradient on different ranks");
-    else if (!strcmp(kind, "scaled")) gcd_sb_printf(b, "x%.4g the gradient%s", c, fabs(c * W - 1) <= 1e-6 ? " (1/world)" : "");
+    else if (!strcmp(kind, "disagree")) {   // with both stages, what the local dumps showed (issue 38)
+        const char *sc = gcd_jstr(p, "stage_cause");
+        gcd_sb_printf(b, "a different gradient on different ranks%s", !strcmp(sc, "unreduced") ? " (no all-reduce ran)"
+                                                                      : !strcmp(sc, "last_unsynced") ? " (the last backward did not sync)"
+                                                                      : !strcmp(sc, "part_own") ? " (part averaged, part the rank's own)" : "");
+    } else if (!strcmp(kind, "scaled"))
+        gcd_sb_printf(b, "x%.4g the gradient%s", c, fabs(c * W - 1) <= 1e-6 ? strstr(gcd_jstr(f, "message"), "a double reduction") ? " (1/world: a double reduction)" : " (1/world)" : "");
     else gcd_sb_printf(b, "a wrong gradient (cosine %.3f to the reference)", gcd_jnum(p, "cosine"));
     gcd_sb_printf(b, " at world %d", W);
 }
