@@ -1,0 +1,245 @@
+"""Sketch dumps (issue 35, G2 item 3) on real torch steps: dump_grads(..., sketch=K) and `gradcheck-dist check` on
+them. 4 and 2 gloo CPU ranks under DDP, a small CLIP-like model (the gather with autograd, every rank computing the
+whole batch's loss) and a small token model (a masked loss, unequal token counts per rank).
+
+- sketch dumps of a correct, a x0.25, a None and a mismatch step give the same verdict (exit code, each
+  parameter's status, each finding's kind and tensors) as full dumps of the same steps, against a single-process
+  reference (full, or sketch);
+- world 4 against world 2 (the reference that needs no single process, docs/guard.md): the sketches agree for a
+  correct step and disagree for a loss each rank normalises by its own token count;
+- a correct CLIP step on several seeds: no finding;
+- a sketch dump is KB where the full one is not; the sketches of one parameter's pieces add.
+
+Runs on torch 1.13 (.venv, ctest test_sketch) and torch 2.x (.venv-torch2, test_sketch_torch2).
+usage: GRADCHECK_DIST=build/gradcheck-dist python -m pytest -q tests/torch/test_sketch.py
+"""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SRC, "python"))
+import gradcheck_dist  # noqa: E402
+from gradcheck_dist.dump import dump_grads, read_dump  # noqa: E402
+
+GCD = os.environ.get("GRADCHECK_DIST") or os.path.join(SRC, "build", "gradcheck-dist")
+K = 16
+GB, DI, DT, E = 16, 12, 10, 6  # CLIP: the global batch, image and text features, embedding
+LENGTHS = [6, 1, 2, 6, 3, 6, 1, 5]  # tokens: 8 sequences of up to 6 tokens; rank counts 7, 8, 9, 6 at world 4
+SEEDS = (0, 1, 2)
+TIMEOUT = 300
+
+
+class Clip(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.img = torch.nn.Sequential(torch.nn.Linear(DI, 16), torch.nn.Tanh(), torch.nn.Linear(16, E))
+        self.txt = torch.nn.Linear(DT, E)
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def forward(self, x_img, x_txt, case):
+        I, T = F.normalize(self.img(x_img), dim=-1), F.normalize(self.txt(x_txt), dim=-1)
+        if case == "none":  # the text tower cut from the loss
+            T = T.detach()
+        if case != "mismatch":  # mismatch: the loss of the local batch only (no gather)
+            I, T = gradcheck_dist.all_gather_with_grad(I), gradcheck_dist.all_gather_with_grad(T)
+        logits = self.logit_scale.exp() * I @ T.t()
+        labels = torch.arange(len(I))
+        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+        return loss * 0.25 if case == "x025" else loss
+
+
+class Tok(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(DT, 16)
+        self.out = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.enc(x))).squeeze(-1)
+
+
+def clip_batch(seed):
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn(GB, DI, generator=g), torch.randn(GB, DT, generator=g)
+
+
+def tok_batch(seed):
+    g = torch.Generator().manual_seed(2000 + seed)
+    x, y = torch.randn(len(LENGTHS), 6, DT, generator=g), torch.randn(len(LENGTHS), 6, generator=g)
+    mask = torch.tensor([[1.0 if t < n else 0.0 for t in range(6)] for n in LENGTHS])
+    return x, y, mask
+
+
+def tok_loss(model, x, y, mask, world, case):
+    se = ((model(x) - y) ** 2 * mask).sum()
+    if case == "perrank":  # normalised by this rank's own token count: wrong when the counts differ
+        return se / mask.sum()
+    return se * world / sum(LENGTHS)  # the global count: DDP's mean over ranks gives the whole batch's mean
+
+
+def step(kind, case, seed, rank, world):
+    """One training step's gradients on this rank (after DDP's reduce when world > 1); returns the model."""
+    torch.manual_seed(seed)
+    model = Clip() if kind == "clip" else Tok()
+    wrapped = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(model, find_unused_parameters=True)  # the None case: DDP's option that hides it
+    rows = slice(rank * GB // world, (rank + 1) * GB // world)
+    if kind == "clip":
+        x_img, x_txt = clip_batch(seed)
+        loss = wrapped(x_img[rows], x_txt[rows], case)
+    else:
+        x, y, mask = tok_batch(seed)
+        n = len(LENGTHS)
+        seqs = slice(rank * n // world, (rank + 1) * n // world)
+        loss = tok_loss(wrapped, x[seqs], y[seqs], mask[seqs], world, case)
+    loss.backward()
+    return wrapped
+
+
+def _rank(rank, world, outdir, port, jobs):
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    for name, kind, case, seed in jobs:
+        model = step(kind, case, seed, rank, world)
+        dump_grads(model, os.path.join(outdir, name, "full", f"rank{rank}.safetensors"))
+        dump_grads(model, os.path.join(outdir, name, "sketch", f"rank{rank}.safetensors"), sketch=K)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world, jobs, outdir):
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, outdir, port, jobs)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(TIMEOUT)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    assert all(p.exitcode == 0 for p in procs), f"world {world}: rank exit codes {[p.exitcode for p in procs]}"
+
+
+CLIP_CASES = [("clip-ok-%d" % s, "clip", "ok", s) for s in SEEDS] + \
+             [("clip-%s" % c, "clip", c, 0) for c in ("x025", "none", "mismatch")]
+TOK_CASES = [("tok-ok", "tok", "ok", 0), ("tok-perrank", "tok", "perrank", 0)]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every step dumped (full and sketch) at world 4 and world 2, and the single-process references."""
+    with tempfile.TemporaryDirectory(prefix="gcd-sketch-") as d:
+        run_world(4, CLIP_CASES + TOK_CASES, os.path.join(d, "w4"))
+        run_world(2, [("clip-ok-0", "clip", "ok", 0)] + TOK_CASES, os.path.join(d, "w2"))
+        for seed in SEEDS:
+            model = step("clip", "ok", seed, 0, 1)
+            dump_grads(model, os.path.join(d, "ref", f"clip-{seed}.safetensors"))
+            dump_grads(model, os.path.join(d, "ref", f"clip-{seed}.sketch.safetensors"), sketch=K)
+        yield d
+
+
+def check(*args):
+    """(exit code, report) of gradcheck-dist check ARGS."""
+    with tempfile.TemporaryDirectory() as t:
+        js = os.path.join(t, "r.json")
+        p = subprocess.run([GCD, "check", *args, "--json", js], capture_output=True, text=True, timeout=120)
+        assert p.returncode in (0, 1), (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+        with open(js) as f:
+            return p.returncode, json.load(f)
+
+
+def verdict(rep):
+    run = rep["runs"][0]
+    statuses = {p["name"]: p["status"] for p in run["params"]}
+    kinds = sorted((f["kind"], tuple(sorted(f["params"]))) for f in run["findings"] if f["counts"])
+    return statuses, kinds
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CLIP_CASES])
+def test_sketch_dumps_should_give_the_full_dumps_verdict(runs, name):
+    seed = int(name.rsplit("-", 1)[1]) if name.startswith("clip-ok") else 0
+    ref = os.path.join(runs, "ref", f"clip-{seed}")
+    code_f, full = check(os.path.join(runs, "w4", name, "full"), "--ref", ref + ".safetensors")
+    code_s, sk = check(os.path.join(runs, "w4", name, "sketch"), "--ref", ref + ".sketch.safetensors")
+    assert (code_s, verdict(sk)) == (code_f, verdict(full)), (name, verdict(full), verdict(sk))
+    statuses, kinds = verdict(sk)
+    expect = {"clip-x025": ("scaled", ["img.0.bias", "img.0.weight", "img.2.bias", "img.2.weight", "logit_scale",
+                                       "txt.bias", "txt.weight"]),
+              "clip-none": ("none", ["txt.bias", "txt.weight"]),
+              "clip-mismatch": ("mismatch", ["img.0.bias", "img.0.weight", "img.2.bias", "img.2.weight",
+                                             "logit_scale", "txt.bias", "txt.weight"])}
+    if name.startswith("clip-ok"):  # a correct step, on every seed: no false alarm
+        assert code_s == 0 and set(statuses.values()) == {"ok"}, statuses
+    else:
+        status, names = expect[name]
+        assert code_s == 1 and sorted(n for n, s in statuses.items() if s == status) == names, statuses
+
+
+def test_world_4_against_world_2_should_agree_for_a_correct_step(runs):
+    for name in ("tok-ok", "clip-ok-0"):
+        code, rep = check(os.path.join(runs, "w4", name, "sketch"), "--ref",
+                          os.path.join(runs, "w2", name, "sketch", "rank1.safetensors"))
+        assert code == 0 and set(verdict(rep)[0].values()) == {"ok"}, (name, verdict(rep))
+
+
+def test_world_4_against_world_2_should_disagree_for_a_per_rank_normalised_loss(runs):
+    code, rep = check(os.path.join(runs, "w4", "tok-perrank", "sketch"), "--ref",
+                      os.path.join(runs, "w2", "tok-perrank", "sketch", "rank0.safetensors"))
+    statuses, kinds = verdict(rep)
+    assert code == 1 and set(statuses.values()) <= {"mismatch", "scaled"} and len(statuses) == 4, statuses
+
+
+def test_sketch_dump_should_be_small_and_keep_the_metadata(runs):
+    full = os.path.join(runs, "w4", "clip-ok-0", "full", "rank0.safetensors")
+    sk = os.path.join(runs, "w4", "clip-ok-0", "sketch", "rank0.safetensors")
+    tensors, meta = read_dump(sk)
+    assert meta["gradcheck.sketch"] == str(K) and meta["gradcheck.seed"] == "0", meta
+    assert meta["gradcheck.stage"] == "reduced" and meta["gradcheck.world"] == "4" and meta["gradcheck.wrapper"] == "ddp"
+    assert meta["gradcheck.precision"] == "fp32", meta
+    assert all(t.dtype == torch.float64 and tuple(t.shape) == (15 + K,) for t in tensors.values())
+    # a model of 2.1M parameters: 8.4 MB of float32 gradients, one row of 15 + K float64 per parameter
+    torch.manual_seed(0)
+    big = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1024))
+    big(torch.randn(4, 1024)).sum().backward()
+    with tempfile.TemporaryDirectory() as t:
+        dump_grads(big, os.path.join(t, "full.safetensors"))
+        dump_grads(big, os.path.join(t, "sketch.safetensors"), sketch=K)
+        nfull, nsk = os.path.getsize(os.path.join(t, "full.safetensors")), os.path.getsize(os.path.join(t, "sketch.safetensors"))
+    assert nfull > 8_000_000 and nsk < 4096, (nfull, nsk)
+
+
+def test_sketch_rows_of_pieces_should_add_to_the_whole():
+    from gradcheck_dist.dump import _sketch_row
+
+    g = torch.randn(300000, generator=torch.Generator().manual_seed(3))
+    whole = _sketch_row("w", g, None, K, 7)
+    a = _sketch_row("w", g[:123457], {"shape": [300000], "start": 0}, K, 7)
+    b = _sketch_row("w", g[123457:], {"shape": [300000], "start": 123457}, K, 7)
+    assert float(((a[15:] + b[15:]) - whole[15:]).norm() / whole[15:].norm()) < 1e-6
+    assert abs(math.hypot(float(a[2]), float(b[2])) / float(whole[2]) - 1) < 1e-6  # sums of squares of F32 chunks in float32
