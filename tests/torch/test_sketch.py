@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(SRC, "python"))
 import gradcheck_dist  # noqa: E402
 from gradcheck_dist.dump import dump_grads, read_dump  # noqa: E402
 
-GCD = os.environ.get("GRADCHECK_DIST") or os.path.join(SRC, "build", "gradcheck-dist")
+GCD = os.path.abspath(os.environ.get("GRADCHECK_DIST") or os.path.join(SRC, "build", "gradcheck-dist"))
 K = 16
 GB, DI, DT, E = 16, 12, 10, 6  # CLIP: the global batch, image and text features, embedding
 LENGTHS = [6, 1, 2, 6, 3, 6, 1, 5]  # tokens: 8 sequences of up to 6 tokens; rank counts 7, 8, 9, 6 at world 4
@@ -117,8 +117,15 @@ def _rank(rank, world, outdir, port, jobs):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    for name, kind, case, seed in jobs:
+    for name, kind, case, seed, *recipe in jobs:
         model = step(kind, case, seed, rank, world)
+        if recipe:  # docs/guard.md's line, as written, in the case's own directory
+            here = os.getcwd()
+            os.makedirs(os.path.join(outdir, name), exist_ok=True)
+            os.chdir(os.path.join(outdir, name))
+            exec(recipe[0], {"gradcheck_dist": gradcheck_dist, "model": model, "world": world, "rank": rank})
+            os.chdir(here)
+            continue
         dump_grads(model, os.path.join(outdir, name, "full", f"rank{rank}.safetensors"))
         dump_grads(model, os.path.join(outdir, name, "sketch", f"rank{rank}.safetensors"), sketch=K)
     dist.barrier()
@@ -151,12 +158,28 @@ CLIP_CASES = [("clip-ok-%d" % s, "clip", "ok", s) for s in SEEDS] + \
 TOK_CASES = [("tok-ok", "tok", "ok", 0), ("tok-perrank", "tok", "perrank", 0)]
 
 
+def recipe():
+    """docs/guard.md's recipe: (the Python line every rank runs, the check command)."""
+    with open(os.path.join(SRC, "docs", "guard.md")) as f:
+        text = f.read().split("## Sketch dumps", 1)[1]
+    code = [ln for ln in text.splitlines() if "dump_grads(" in ln and ln.startswith("gradcheck_dist.")]
+    cmd = [ln.strip() for ln in text.splitlines() if ln.startswith("    gradcheck-dist check ")]
+    assert len(code) == 1 and len(cmd) == 1, (code, cmd)
+    return code[0], cmd[0].split()
+
+
 @pytest.fixture(scope="module")
 def runs():
     """Every step dumped (full and sketch) at world 4 and world 2, and the single-process references."""
     with tempfile.TemporaryDirectory(prefix="gcd-sketch-") as d:
-        run_world(4, CLIP_CASES + TOK_CASES, os.path.join(d, "w4"))
-        run_world(2, [("clip-ok-0", "clip", "ok", 0)] + TOK_CASES, os.path.join(d, "w2"))
+        line = recipe()[0]
+        docs = [("recipe-ok", "tok", "ok", 0, line), ("recipe-perrank", "tok", "perrank", 0, line)]
+        run_world(4, CLIP_CASES + TOK_CASES + docs, os.path.join(d, "w4"))
+        run_world(2, [("clip-ok-0", "clip", "ok", 0)] + TOK_CASES + docs, os.path.join(d, "w2"))
+        for name in ("recipe-ok", "recipe-perrank"):  # the two runs side by side, as the recipe has them
+            os.makedirs(os.path.join(d, name))
+            for w in (4, 2):
+                os.rename(os.path.join(d, f"w{w}", name, f"run-w{w}"), os.path.join(d, name, f"run-w{w}"))
         for seed in SEEDS:
             model = step("clip", "ok", seed, 0, 1)
             dump_grads(model, os.path.join(d, "ref", f"clip-{seed}.safetensors"))
@@ -243,3 +266,11 @@ def test_sketch_rows_of_pieces_should_add_to_the_whole():
     b = _sketch_row("w", g[123457:], {"shape": [300000], "start": 123457}, K, 7)
     assert float(((a[15:] + b[15:]) - whole[15:]).norm() / whole[15:].norm()) < 1e-6
     assert abs(math.hypot(float(a[2]), float(b[2])) / float(whole[2]) - 1) < 1e-6  # sums of squares of F32 chunks in float32
+
+
+def test_the_recipe_in_guard_md_as_written(runs):
+    cmd = recipe()[1]
+    assert cmd[:2] == ["gradcheck-dist", "check"], cmd
+    for name, code in (("recipe-ok", 0), ("recipe-perrank", 1)):
+        p = subprocess.run([GCD] + cmd[1:], cwd=os.path.join(runs, name), capture_output=True, text=True, timeout=120)
+        assert p.returncode == code, (name, cmd, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
