@@ -51,6 +51,7 @@ static int sketch_tensors(const gcd_st_file *f, int k, char *err, size_t len) {
 int gcd_sketch_load(gcd_check_set *set, char *err, size_t len) {
     const gcd_st_file *first = NULL, *full = NULL;
     long k0 = 0, seed0 = 0;
+    const char *proj0 = NULL;
     int rc;
     for (int i = 0; i < all_files(set); i++) {
         const gcd_st_file *f = every_file(set, i);
@@ -58,10 +59,15 @@ int gcd_sketch_load(gcd_check_set *set, char *err, size_t len) {
         if (!f) continue;
         if ((rc = sketch_meta(f, &k, &seed, err, len))) return rc;
         if (!k) { full = full ? full : f; continue; }
-        if (!first) { first = f, k0 = k, seed0 = seed; continue; }
+        const char *proj = gcd_st_meta(f, "gradcheck.projections");
+        if (!first) { first = f, k0 = k, seed0 = seed, proj0 = proj; continue; }
         if (k != k0 || seed != seed0)
             return fail(err, len, "%s: a sketch of K=%ld with seed %ld, but %s is one of K=%ld with seed %ld: the sketches of one check must share K and "
                                   "seed (dump every run with the same sketch=K and seed)", f->path, k, seed, first->path, k0, seed0);
+        if ((proj != NULL) != (proj0 != NULL) || (proj && strcmp(proj, proj0)))   // other projections: their sketches do not compare
+            return fail(err, len, "%s: sketched with projections '%.40s', but %s with '%.40s' (gradcheck.projections): today's sketches drawn on a GPU "
+                                  "and on the CPU differ; dump both runs on the same kind of device", f->path, proj ? proj : "(none)", first->path,
+                        proj0 ? proj0 : "(none)");
     }
     if (!first) return 0;
     if (full)

@@ -245,6 +245,9 @@ def test_sketch_dump_should_be_small_and_keep_the_metadata(runs):
     assert meta["gradcheck.sketch"] == str(K) and meta["gradcheck.seed"] == "0", meta
     assert meta["gradcheck.stage"] == "reduced" and meta["gradcheck.world"] == "4" and meta["gradcheck.wrapper"] == "ddp"
     assert meta["gradcheck.precision"] == "fp32", meta
+    from gradcheck_dist import guard
+
+    assert meta["gradcheck.projections"] == (getattr(guard, "SKETCH_FAMILY", None) or "torch-generator/cpu"), meta
     assert all(t.dtype == torch.float64 and tuple(t.shape) == (15 + K,) for t in tensors.values())
     # a model of 2.1M parameters: 8.4 MB of float32 gradients, one row of 15 + K float64 per parameter
     torch.manual_seed(0)
