@@ -277,3 +277,81 @@ def test_the_recipe_in_guard_md_as_written(runs):
     for name, code in (("recipe-ok", 0), ("recipe-perrank", 1)):
         p = subprocess.run([GCD] + cmd[1:], cwd=os.path.join(runs, name), capture_output=True, text=True, timeout=120)
         assert p.returncode == code, (name, cmd, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+
+
+# ---- sharded (torch >= 2.4, the torch2 tier): each rank sketches its shard at its offset, the pieces add
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)])  # 5 rows: uneven over 2
+        self.out = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        for lin in self.layers:
+            x = torch.tanh(lin(x))
+        return self.out(x).pow(2).mean()
+
+
+def net_batch():
+    return torch.randn(8, 6, generator=torch.Generator().manual_seed(3))
+
+
+def _fsdp_rank(rank, how, outdir, port):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = Net()
+    if how == "fsdp2":
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard
+        for lin in model.layers:
+            fully_shard(lin)
+        fully_shard(model)
+        wrapped = model
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        for i, lin in enumerate(model.layers):
+            model.layers[i] = FSDP(lin, device_id=torch.device("cpu"))
+        wrapped = FSDP(model, device_id=torch.device("cpu"))
+    wrapped(net_batch().chunk(2)[rank]).backward()
+    dump_grads(wrapped, os.path.join(outdir, "ok", f"rank{rank}.safetensors"), sketch=K)
+    if rank == 1:  # one rank's shard of every parameter doubled after the reduce-scatter: the whole is wrong
+        for p in wrapped.parameters():
+            if p.grad is not None:
+                (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(2)
+    dump_grads(wrapped, os.path.join(outdir, "bad", f"rank{rank}.safetensors"), sketch=K)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4),
+                    reason="FSDP needs torch >= 2.4: the torch2 tier (test_sketch_torch2) runs it")
+@pytest.mark.parametrize("how", ["fsdp2", "fsdp1"])
+def test_sharded_sketches_should_add_to_the_single_process_reference(how):
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_fsdp_rank, args=(how, d, free_port()), nprocs=2, start_method="spawn")
+        torch.manual_seed(0)
+        ref = Net()
+        ref(net_batch()).backward()
+        dump_grads(ref, os.path.join(d, "ref.safetensors"), sketch=K)
+        _, meta = read_dump(os.path.join(d, "ok", "rank0.safetensors"))
+        assert meta["gradcheck.wrapper"] == how.rstrip("1"), meta
+        code, rep = check(os.path.join(d, "ok"), "--ref", os.path.join(d, "ref.safetensors"))
+        assert code == 0 and set(verdict(rep)[0].values()) == {"ok"} and len(verdict(rep)[0]) == 6, verdict(rep)
+        code, rep = check(os.path.join(d, "bad"), "--ref", os.path.join(d, "ref.safetensors"))
+        statuses = verdict(rep)[0]
+        # what rank 1 holds of each parameter (its rows: count and whole size): wholly its own, x2; in part, wrong; none, ok
+        rows = read_dump(os.path.join(d, "bad", "rank1.safetensors"))[0]
+        total = {n: int(torch.tensor([float(v) for v in r[7:7 + int(r[6])]]).prod()) for n, r in rows.items()}
+        want = {n: "ok" if n not in rows or r[4] == 0 else "scaled" if r[4] == total[n] else "mismatch" for n, r in rows.items()}
+        want.update({n: "ok" for n in statuses if n not in rows})
+        assert code == 1 and statuses == want and "mismatch" in want.values(), (statuses, want)
+        scales = {p["name"]: p["scale"] for p in rep["runs"][0]["params"] if p["status"] == "scaled"}
+        assert all(abs(v - 2) < 1e-6 for v in scales.values()), scales
