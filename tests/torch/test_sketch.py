@@ -277,6 +277,7 @@ def test_the_recipe_in_guard_md_as_written(runs):
     for name, code in (("recipe-ok", 0), ("recipe-perrank", 1)):
         p = subprocess.run([GCD] + cmd[1:], cwd=os.path.join(runs, name), capture_output=True, text=True, timeout=120)
         assert p.returncode == code, (name, cmd, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+        assert f"sketch dumps (K={K}, seed 0): the differences from the reference are estimated" in " ".join(p.stdout.split()), p.stdout
 
 
 # ---- sharded (torch >= 2.4, the torch2 tier): each rank sketches its shard at its offset, the pieces add
