@@ -738,15 +738,21 @@ def _sketch_row(name, g, shard, k, seed):
     if flat.numel():
         sk, ss = _sketch(flat, start, _seed(seed, name), k)
         row[SKETCH_COLS:] = sk.cpu()
-        bad = ~torch.isfinite(flat)
-        nbad = int(bad.sum())
-        row[0] = float(nbad)
-        if nbad:
-            row[1] = float(start + int(bad.nonzero()[0, 0]))
         ss = float(ss)
-        if nbad or not math.isfinite(ss) or ss == 0:  # the norm of the finite values, in float64 (rare path)
-            ss = float(flat[~bad].double().pow(2).sum()) if nbad else float(flat.double().pow(2).sum())
-        row[2] = math.sqrt(ss)
+        if not math.isfinite(ss) or ss == 0:  # a NaN or infinity (or squares beyond the range, or below it): the rare
+            bad = ~torch.isfinite(flat)        # path counts them and takes the finite values' norm in float64
+            nbad = int(bad.sum())
+            row[0] = float(nbad)
+            if nbad:
+                row[1] = float(start + int(bad.nonzero()[0, 0]))
+            fin = (flat[~bad] if nbad else flat).double()
+            top = float(fin.abs().max()) if fin.numel() else 0.0
+            ss = top * top * float((fin / top).pow(2).sum()) if top > 0 else 0.0
+            if not math.isfinite(ss):  # squares beyond float64 (an F64 gradient over 1e154): the norm scaled by its largest
+                row[2] = top * math.sqrt(float((fin / top).pow(2).sum()))
+                ss = None
+        if ss is not None:
+            row[2] = math.sqrt(ss)
     return row
 
 

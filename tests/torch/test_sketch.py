@@ -356,3 +356,18 @@ def test_sharded_sketches_should_add_to_the_single_process_reference(how):
         assert code == 1 and statuses == want and "mismatch" in want.values(), (statuses, want)
         scales = {p["name"]: p["scale"] for p in rep["runs"][0]["params"] if p["status"] == "scaled"}
         assert all(abs(v - 2) < 1e-6 for v in scales.values()), scales
+
+
+def test_sketch_row_should_count_non_finite_values_and_keep_extreme_norms():
+    from gradcheck_dist.dump import _sketch_row
+
+    g = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    g[17], g[40] = float("nan"), float("inf")
+    r = _sketch_row("x", g, {"shape": [9000], "start": 1000}, K, 0)
+    assert r[:5].tolist() == [2.0, 1017.0, r[2].item(), 1000.0, 5000.0], r[:5]
+    assert abs(r[2].item() / g[torch.isfinite(g)].double().norm().item() - 1) < 1e-12
+    big = torch.randn(300, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 1e200  # squares overflow
+    assert abs(_sketch_row("y", big, None, K, 0)[2].item() / ((big / 1e200).norm().item() * 1e200) - 1) < 1e-12
+    tiny = torch.full((10,), 1e-30)  # squares underflow in float32
+    assert abs(_sketch_row("z", tiny, None, K, 0)[2].item() / tiny.double().norm().item() - 1) < 1e-12
+    assert _sketch_row("w", torch.zeros(7), None, K, 0)[:3].tolist() == [0.0, -1.0, 0.0]
