@@ -1173,6 +1173,21 @@ def sketch_verdicts_from_rows():
 
 
 @case
+def sketch_scale_needs_the_norms_to_agree():
+    # a sketch that is exactly 0.5 x the reference's (as today's one-direction sketch of a small tensor always is
+    # some multiple), but a norm 0.9 x: not a scale, a wrong gradient; the same with the norm 0.5 x: scaled
+    d = fresh("sketch_scale_norm")
+    r = rnd(30)
+    ref = sk_dump(os.path.join(d, "ref.bin"), {"w": sk_row(r)})
+    for norm, want in ((0.9, "mismatch"), (0.5, "scaled")):
+        row = sk_row(r * 0.5)
+        row[2] = norm * np.linalg.norm(r)
+        p = sk_dump(os.path.join(d, f"n{norm}.safetensors"), {"w": row})
+        _, rep = expect([p, "--ref", ref], 1, report=True)
+        need(status(rep) == {"w": want}, f"norm x{norm}: statuses {status(rep)}")
+
+
+@case
 def sketch_disagree_names_the_rank():
     d = fresh("sketch_disagree")
     g = rnd(50)
