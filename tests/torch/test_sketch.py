@@ -182,6 +182,14 @@ def runs():
             os.makedirs(os.path.join(d, name))
             for w in (4, 2):
                 os.rename(os.path.join(d, f"w{w}", name, f"run-w{w}"), os.path.join(d, name, f"run-w{w}"))
+        # one process accumulating world 4's four micro-batches (each loss / 4): the reference without a second run
+        torch.manual_seed(0)
+        model = Tok()
+        x, y, mask = tok_batch(0)
+        for r in range(4):
+            seqs = slice(r * len(LENGTHS) // 4, (r + 1) * len(LENGTHS) // 4)
+            (tok_loss(model, x[seqs], y[seqs], mask[seqs], 4, "ok") / 4).backward()
+        dump_grads(model, os.path.join(d, "ref", "tok-accum.sketch.safetensors"), sketch=K)
         for seed in SEEDS:
             model = step("clip", "ok", seed, 0, 1)
             dump_grads(model, os.path.join(d, "ref", f"clip-{seed}.safetensors"))
@@ -377,3 +385,11 @@ def test_sketch_row_should_count_non_finite_values_and_keep_extreme_norms():
     tiny = torch.full((10,), 1e-30)  # squares underflow in float32
     assert abs(_sketch_row("z", tiny, None, K, 0)[2].item() / tiny.double().norm().item() - 1) < 1e-12
     assert _sketch_row("w", torch.zeros(7), None, K, 0)[:3].tolist() == [0.0, -1.0, 0.0]
+
+
+def test_one_process_with_accumulation_should_be_the_reference(runs):
+    ref = os.path.join(runs, "ref", "tok-accum.sketch.safetensors")
+    code, rep = check(os.path.join(runs, "w4", "tok-ok", "sketch"), "--ref", ref)
+    assert code == 0 and set(verdict(rep)[0].values()) == {"ok"}, verdict(rep)
+    code, rep = check(os.path.join(runs, "w4", "tok-perrank", "sketch"), "--ref", ref)
+    assert code == 1 and set(verdict(rep)[0].values()) == {"mismatch"}, verdict(rep)
