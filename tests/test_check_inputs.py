@@ -1113,6 +1113,170 @@ def report_digest_of_every_dump_equals_xxh128sum():
         need_digests(rep)
 
 
+# ---- sketch dumps (dump_grads(..., sketch=K), docs/dumps.md): rows of 15 + K float64, sketched here with a
+# seeded Gaussian matrix (check never recomputes a sketch: it reads the rows)
+
+SK = 8
+
+
+def sk_row(g, k=SK, start=0, shape=None, dtype=1, seed=3):
+    """The row of gradient piece g (flat, from `start` in a parameter of `shape`): its non-finite count, first
+    non-finite index, norm of the finite values, start, count, dtype code, ndim, shape, then P g (P seeded)."""
+    g = np.asarray(g, dtype=np.float64).reshape(-1)
+    shape = list(shape if shape is not None else [g.size])
+    n = int(np.prod(shape)) if shape else 1
+    P = np.random.default_rng(seed).standard_normal((k, n))[:, start:start + g.size]
+    bad = ~np.isfinite(g)
+    row = np.zeros(15 + k)
+    row[0] = bad.sum()
+    row[1] = start + int(np.argmax(bad)) if bad.any() else -1
+    row[2] = np.linalg.norm(np.where(bad, 0, g))
+    row[3:7] = [start, g.size, dtype, len(shape)]
+    row[7:7 + len(shape)] = shape
+    row[15:] = P @ g
+    return row
+
+
+def sk_meta(rank, world, params, k=SK, seed=0, stage="reduced", **extra):
+    m = w.meta(rank, world, stage, params)
+    m.update({"gradcheck.sketch": str(k), "gradcheck.seed": str(seed), "gradcheck.precision": "fp32",
+              "gradcheck.projections": "torch-generator/cpu"})
+    m.update(extra)
+    return m
+
+
+def sk_dump(path, rows, rank=0, world=1, params=None, **kw):
+    params = list(rows) if params is None else params
+    return w.write(path, w.dump_bytes(rows, params=params, metadata=sk_meta(rank, world, params, **kw)))
+
+
+@case
+def sketch_verdicts_from_rows():
+    d = fresh("sketch_verdicts")
+    r, s, m = rnd(40), rnd(6, 5), rnd(300)
+    z, f, n = rnd(7), rnd(9), rnd(4)
+    mm = m + 0.5 * np.linalg.norm(m) / np.sqrt(m.size) * rnd(300)
+    nan = f.copy()
+    nan[4] = np.nan
+    ranks = [{"ok": sk_row(r), "scaled": sk_row(s.ravel() * 0.25, shape=[6, 5]), "mism": sk_row(mm), "none": None,
+              "zero": sk_row(np.zeros(7)), "nan": sk_row(nan if k == 1 else f)} for k in range(2)]
+    paths = [sk_dump(f"{d}/rank{k}.safetensors", rows, rank=k, world=2) for k, rows in enumerate(ranks)]
+    ref = sk_dump(os.path.join(d, "ref.bin"), {"ok": sk_row(r), "scaled": sk_row(s.ravel(), shape=[6, 5]), "mism": sk_row(m),
+                                               "none": sk_row(n), "zero": sk_row(z), "nan": sk_row(f)})
+    _, rep = expect([*paths, "--ref", ref], 1, report=True)
+    want = {"ok": "ok", "scaled": "scaled", "mism": "mismatch", "none": "none", "zero": "zero", "nan": "nonfinite"}
+    need(status(rep) == want, f"statuses {status(rep)}")
+    need(close(params(rep)["scaled"]["scale"], 0.25, 1e-9), f"scale {params(rep)['scaled']['scale']}")
+    need(params(rep)["scaled"]["shape"] == [6, 5], f"shape {params(rep)['scaled']['shape']}")
+    nf = finding(rep, "nonfinite")
+    need("rank 1" in nf["message"] and "index 4" in nf["message"], nf["message"])
+
+
+@case
+def sketch_scale_needs_the_norms_to_agree():
+    # a sketch that is exactly 0.5 x the reference's (as today's one-direction sketch of a small tensor always is
+    # some multiple), but a norm 0.9 x: not a scale, a wrong gradient; the same with the norm 0.5 x: scaled
+    d = fresh("sketch_scale_norm")
+    r = rnd(30)
+    ref = sk_dump(os.path.join(d, "ref.bin"), {"w": sk_row(r)})
+    for norm, want in ((0.9, "mismatch"), (0.5, "scaled")):
+        row = sk_row(r * 0.5)
+        row[2] = norm * np.linalg.norm(r)
+        p = sk_dump(os.path.join(d, f"n{norm}.safetensors"), {"w": row})
+        _, rep = expect([p, "--ref", ref], 1, report=True)
+        need(status(rep) == {"w": want}, f"norm x{norm}: statuses {status(rep)}")
+
+
+@case
+def sketch_disagree_names_the_rank():
+    d = fresh("sketch_disagree")
+    g = rnd(50)
+    paths = [sk_dump(f"{d}/rank{k}.safetensors", {"w": sk_row(g * (1.001 if k == 2 else 1))}, rank=k, world=3) for k in range(3)]
+    _, rep = expect(paths, 1, "rank 2", report=True)
+    need(status(rep) == {"w": "disagree"}, f"statuses {status(rep)}")
+    need([p["differs"] for p in params(rep)["w"]["per_rank"]] == [False, False, True], params(rep)["w"]["per_rank"])
+
+
+@case
+def sketch_shards_add_to_the_whole():
+    d = fresh("sketch_shards")
+    g = rnd(10, 7)
+    flat = g.ravel()
+    for name, second in (("ok", flat[33:]), ("bad", flat[33:] * 2)):
+        paths = [sk_dump(f"{d}/{name}{k}.safetensors", {"w": sk_row(p, start=a, shape=[10, 7])}, rank=k, world=2)
+                 for k, (a, p) in enumerate(((0, flat[:33]), (33, second)))]
+        ref = sk_dump(os.path.join(d, f"ref-{name}.bin"), {"w": sk_row(flat, shape=[10, 7])})
+        _, rep = expect([*paths, "--ref", ref], 0 if name == "ok" else 1, report=True)
+        need(status(rep) == {"w": "ok" if name == "ok" else "mismatch"}, f"{name}: statuses {status(rep)}")
+    # pieces that overlap, or leave a hole: refused, naming the tensor
+    for what, pieces in (("overlap", ((0, flat[:40]), (33, flat[33:]))), ("hole", ((0, flat[:30]), (33, flat[33:])))):
+        paths = [sk_dump(f"{d}/{what}{k}.safetensors", {"w": sk_row(p, start=a, shape=[10, 7])}, rank=k, world=2)
+                 for k, (a, p) in enumerate(pieces)]
+        expect(paths, 2, "tensor 'w'", "overlap" if what == "overlap" else "pieces hold 67 of its 70 elements")
+
+
+@case
+def sketch_reference_from_another_world():
+    d = fresh("sketch_w2")
+    g = rnd(20)
+    paths = [sk_dump(f"{d}/rank{k}.safetensors", {"w": sk_row(g)}, rank=k, world=4) for k in range(4)]
+    ref = sk_dump(os.path.join(TMP, "w2-rank1.safetensors"), {"w": sk_row(g)}, rank=1, world=2)
+    _, rep = expect([d, "--ref", ref], 0, report=True)
+    need(status(rep) == {"w": "ok"}, f"statuses {status(rep)}")
+    full = w.write_dump(os.path.join(TMP, "w2-full-rank0.safetensors"), {"w": g}, rank=0, world=2)
+    expect([w.write_dump(os.path.join(d, "..", "f.safetensors"), {"w": g}), "--ref", full], 2, full, "one process")
+    piece = sk_dump(os.path.join(TMP, "w2-piece.safetensors"), {"w": sk_row(g[:10], shape=[20])}, rank=0, world=2)
+    expect([d, "--ref", piece], 2, piece, "a piece of 'w'")
+
+
+@case
+def sketch_refused_mixed_and_hostile():
+    d = fresh("sketch_hostile")
+    g = rnd(12)
+    good = sk_dump(f"{d}/good.safetensors", {"w": sk_row(g)})
+    full = w.write_dump(os.path.join(TMP, "sk-full.safetensors"), {"w": g})
+    expect([good, "--ref", full], 2, full, "is a full dump", good)
+    expect([full, "--ref", good], 2, full, "is a full dump")
+    k4 = sk_dump(os.path.join(TMP, "sk-k4.safetensors"), {"w": sk_row(g, k=4)}, k=4)
+    expect([good, "--ref", k4], 2, "K=4", good, "share K and seed")
+    s1 = sk_dump(os.path.join(TMP, "sk-seed1.safetensors"), {"w": sk_row(g)}, seed=1)
+    expect([good, "--ref", s1], 2, "seed 1", "share K and seed")
+    gpu = sk_dump(os.path.join(TMP, "sk-gpu.safetensors"), {"w": sk_row(g)}, **{"gradcheck.projections": "torch-generator/cuda"})
+    expect([good, "--ref", gpu], 2, gpu, "torch-generator/cuda", "same kind of device")
+    for i, (k, needle) in enumerate((("nan", "'nan'"), ("1e3", "'1e3'"), ("99999999999999999999", "integer from 1 to 4096"),
+                                     ("4097", "'4097'"), ("0", "'0'"), ("-8", "'-8'"), (" 8", "' 8'"), ("8x", "'8x'"))):
+        p = sk_dump(os.path.join(d, f"k{i}.st"), {"w": sk_row(g)}, k=k)
+        expect([p], 2, p, "gradcheck.sketch is", needle)
+    p = w.write(os.path.join(d, "noseed.st"), w.dump_bytes({"w": sk_row(g)}, metadata={
+        **w.meta(0, 1, "reduced", ["w"]), "gradcheck.sketch": str(SK)}))
+    expect([p], 2, p, "gradcheck.seed is '(missing)'")
+    # tensors of the wrong form; rows whose columns are impossible
+    for i, (t, needle) in enumerate(((sk_row(g)[:-1], "one F64 vector of 23"), (sk_row(g).astype(np.float32), "F32"),
+                                     (sk_row(g).reshape(1, -1), "2 dimensions"))):
+        p = sk_dump(os.path.join(d, f"form{i}.st"), {"w": t})
+        expect([p], 2, p, "tensor 'w'", needle)
+    def bad(col, v):
+        r = sk_row(g)
+        r[col] = v
+        return r
+    for i, (r, needle) in enumerate(((bad(2, np.nan), "its norm"), (bad(2, -1), "its norm"), (bad(3, -1), "its piece"),
+                                     (bad(4, 13), "its piece"), (bad(3, 0.5), "its piece"), (bad(6, 9), "number of dimensions"),
+                                     (bad(6, np.nan), "number of dimensions"), (bad(7, 1e300), "a dimension"),
+                                     (bad(0, 13), "non-finite count"), (bad(0, np.inf), "non-finite count"),
+                                     (bad(15, np.nan), "its sketch"), (bad(5, 7), "dtype code"),
+                                     (bad(0, 1), "first non-finite"))):
+        p = sk_dump(os.path.join(d, f"row{i}.st"), {"w": r})
+        expect([p], 2, p, "tensor 'w'", needle)
+    # shapes that differ between files; stage local; a second --ref
+    other = sk_dump(os.path.join(TMP, "sk-shape.safetensors"), {"w": sk_row(g, shape=[3, 4])})
+    expect([good, "--ref", other], 2, "tensor 'w'", "its shape in")
+    loc = [sk_dump(f"{d}/local{k}.st", {"w": sk_row(g)}, rank=k, world=2, stage="local") for k in range(2)]
+    expect(loc, 2, "sketch dumps are read for the reduced stage only")
+    good2 = sk_dump(os.path.join(TMP, "sk-good2.safetensors"), {"w": sk_row(g)})
+    expect([good, "--ref", good2, "--ref", sk_dump(os.path.join(TMP, "sk-good3.safetensors"), {"w": sk_row(g)})], 2,
+           "a second --ref")
+
+
 def run_cases(cases, prefix):
     """Runs each case (with GCD_TEST_ONLY, those whose name holds it) in one fresh temporary directory,
     TMP; prints ok/FAIL a line and exits 1 on any failure. test_check_verdicts.py runs its cases here too."""

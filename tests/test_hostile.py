@@ -260,6 +260,18 @@ def hostile_check(cls):
         fh.write(w.file_bytes(hb.decode("utf-8", "surrogateescape").encode("utf-8", "surrogateescape"), data))
     p = gcd(["check", bad.decode("utf-8", "surrogateescape"), "--no-json"], timeout=60)
     case(cls, p.returncode == 2 and not terminal_problems(p.stderr), f"a refused hostile dump: exit {p.returncode}, {terminal_problems(p.stderr)}")
+    # sketch dumps (gradcheck.sketch): the payload as K, as the seed, and a hostile name on a row of the wrong form
+    forged_meta = name[1:]   # the payload less its bytes that are not UTF-8 (the header must be JSON to reach the check)
+    for i, (k, seed, width, said) in enumerate(((forged_meta, "0", 23, b"gradcheck.sketch is"), ("8", forged_meta, 23, b"gradcheck.seed is"),
+                                                ("8", "0", 22, b"a sketch dump of K=8"), ("8", "0", 1 << 20, b"a sketch dump of K=8"))):
+        header, data = w.build([("@@N@@", np.full(width, np.nan))], {**w.meta(0, 1, "reduced", ["@@N@@"]), "gradcheck.sketch": k, "gradcheck.seed": seed})
+        hb = json.dumps(header, separators=(",", ":")).encode().replace(b"@@N@@", json_escape_bytes(name.encode("utf-8", "surrogateescape")))
+        sk = d + b"/../sketch%d\x1b[2J\nFORGED.safetensors" % i
+        with open(sk, "wb") as fh:
+            fh.write(w.file_bytes(hb.decode("utf-8", "surrogateescape").encode("utf-8", "surrogateescape"), data))
+        p = gcd(["check", sk.decode("utf-8", "surrogateescape"), "--no-json"], timeout=60)
+        case(cls, p.returncode == 2 and said in p.stderr and not terminal_problems(p.stderr),
+             f"a hostile sketch dump {i}: exit {p.returncode}, {terminal_problems(p.stderr)} {p.stderr[-200:]!r}")
     p = gcd(["check", d.decode("utf-8", "surrogateescape") + "/\x1b[2J\nFORGED-missing", "--no-json"], timeout=60)
     case(cls, p.returncode == 2 and not terminal_problems(p.stderr), f"a missing hostile path: exit {p.returncode}, {terminal_problems(p.stderr)}")
     return out

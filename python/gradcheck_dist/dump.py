@@ -737,8 +737,89 @@ def held_grads(model, names, attrs=HELD_ATTRS):
     return out
 
 
+SKETCH_COLS = 15  # a sketch dump's row: these columns, then the K sketch values (src/check/internal.h GCD_SK_*)
+_SK_DTYPE = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+
+def _sketch_row(name, g, shard, k, seed):
+    """One parameter's row of a sketch dump (docs/dumps.md): non-finite count, first non-finite index, norm of the
+    finite values (float64), start and count of this piece in the parameter, dtype code, ndim, shape (8), then
+    guard._sketch's K values at the piece's offset (pieces of one parameter add). On the CPU, float64."""
+    import torch
+
+    from .guard import _seed, _sketch
+
+    if shard is not None and "start" not in shard:
+        raise ValueError(f"{name}: a piece on a device mesh (tensor parallel): sketch dumps take whole gradients and "
+                         "FSDP's contiguous runs only")
+    shape = [int(d) for d in (shard["shape"] if shard is not None else g.shape)]
+    if len(shape) > 8:
+        raise ValueError(f"{name}: {len(shape)} dimensions, at most 8")
+    start = int(shard["start"]) if shard is not None else 0
+    flat = g.detach().reshape(-1)
+    key = str(flat.dtype).replace("torch.", "")
+    if key not in _SK_DTYPE:
+        raise ValueError(f"{name}: unsupported gradient dtype {flat.dtype} (use F64, F32, F16 or BF16)")
+    row = torch.zeros(SKETCH_COLS + k, dtype=torch.float64)
+    row[1] = -1.0
+    row[3:7] = torch.tensor([float(start), float(flat.numel()), float(_SK_DTYPE[key]), float(len(shape))],
+                            dtype=torch.float64)
+    row[7:7 + len(shape)] = torch.tensor([float(d) for d in shape], dtype=torch.float64)
+    if flat.numel():
+        sk, ss = _sketch(flat, start, _seed(seed, name), k, math.prod(shape))
+        row[SKETCH_COLS:] = sk.cpu()
+        ss = float(ss)
+        if not math.isfinite(ss) or ss == 0:  # a NaN or infinity (or squares beyond the range, or below it): the rare
+            bad = ~torch.isfinite(flat)        # path counts them and takes the finite values' norm in float64
+            nbad = int(bad.sum())
+            row[0] = float(nbad)
+            if nbad:
+                row[1] = float(start + int(bad.nonzero()[0, 0]))
+            fin = (flat[~bad] if nbad else flat).double()
+            top = float(fin.abs().max()) if fin.numel() else 0.0
+            ss = top * top * float((fin / top).pow(2).sum()) if top > 0 else 0.0
+            if not math.isfinite(ss):  # squares beyond float64 (an F64 gradient over 1e154): the norm scaled by its largest
+                row[2] = top * math.sqrt(float((fin / top).pow(2).sum()))
+                ss = None
+        if ss is not None:
+            row[2] = math.sqrt(ss)
+    return row
+
+
+def _projections(grads):
+    """gradcheck.projections: which projections the sketches are, so that check compares only like with like.
+    guard.SKETCH_FAMILY where guard.py names one (device-independent projections); else today's _sketch, drawn
+    with torch's generator of the device the gradient lives on ("torch-generator/cpu", ".../cuda"), which differ."""
+    from . import guard
+
+    family = getattr(guard, "SKETCH_FAMILY", None)
+    if family:
+        return str(family)
+    kinds = sorted({g.device.type for g in grads if g.numel()}) or ["cpu"]  # an empty FSDP1 run has no sketch
+    return "torch-generator/" + "+".join(kinds)
+
+
+def _dump_sketch(model, path, entries, k, seed, stage, rank, world, extra_metadata, dtype, precision):
+    if stage != "reduced":
+        raise ValueError(f"sketch dumps are of the reduced stage only (each rank's gradient after the reduce), not {stage!r}")
+    k, seed = int(k), int(seed)
+    if not 1 <= k <= 4096 or not 0 <= seed <= 0x7FFFFFFF:
+        raise ValueError(f"sketch={k}, seed={seed}: the sketch's size is 1 to 4096, the seed 0 to 2147483647")
+    import torch
+
+    grads = {n: (g.to(dtype) if dtype is not None and g is not None else g) for n, g, _ in entries}
+    prec = precision_name(precision) or infer_precision(model, [g for g in grads.values() if g is not None])
+    with torch.no_grad():
+        rows = {n: _sketch_row(n, grads[n], s, k, seed) for n, g, s in entries if g is not None}
+    meta = {str(a): str(b) for a, b in (extra_metadata or {}).items()}
+    meta.update({"gradcheck.sketch": str(k), "gradcheck.seed": str(seed),
+                 "gradcheck.projections": _projections([g for g in grads.values() if g is not None])})
+    return write_dump(path, rows, [n for n, _, _ in entries], stage, rank, world, meta, None, None, precision=prec,
+                      model=model)
+
+
 def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metadata=None, dtype=None, writer=None,
-               precision=None, loss=None):
+               precision=None, loss=None, sketch=None, seed=0):
     """Writes each trainable parameter's .grad (None: absent) to `path`.
 
     Call it after loss.backward() (under DDP the gradients are then already all-reduced: stage
@@ -754,15 +835,21 @@ def dump_grads(model, path, stage="reduced", rank=None, world=None, extra_metada
     norm (held_grads): `check` then says where its gradient went instead of calling the graph cut. loss: this rank's
     loss of the step (the reference's: the objective), recorded as gradcheck.loss: where the ranks' mean loss is the
     reference's, the forward is right, and `check` can say which backward a wrong gradient looks like.
+
+    sketch=K: a sketch dump instead (docs/dumps.md): per parameter its non-finite count, float64 norm and a
+    K-value linear sketch (seeded random projections, `seed`; FSDP shards at their offset, so pieces add), KB per
+    model; `gradcheck-dist check` compares sketch dumps with a sketch reference (docs/guard.md: world W vs W/2).
     """
     entries, mesh = _collect(model)
+    if loss is not None:
+        extra_metadata = {"gradcheck.loss": repr(float(loss)), **(extra_metadata or {})}
+    if sketch is not None:
+        return _dump_sketch(model, path, entries, sketch, seed, stage, rank, world, extra_metadata, dtype, precision)
     grads = {n: g for n, g, _ in entries}
     shards = {n: s for n, _, s in entries if s is not None}
     held = held_grads(model, [n for n, g, _ in entries if g is None])
     if held:
         extra_metadata = {"gradcheck.held": json.dumps(held, separators=(",", ":")), **(extra_metadata or {})}
-    if loss is not None:
-        extra_metadata = {"gradcheck.loss": repr(float(loss)), **(extra_metadata or {})}
     return write_dump(path, grads, [n for n, _, _ in entries], stage, rank, world, extra_metadata, dtype, writer,
                       precision=precision, shards=shards, model=model, mesh=mesh)
 

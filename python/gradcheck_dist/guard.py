@@ -17,6 +17,7 @@ and report as `gradcheck-dist check`) judges them on every rank alike, so every 
 import ctypes
 import json
 import logging
+import math
 import os
 import warnings
 import zlib
@@ -28,6 +29,7 @@ COLS = 7  # name hash, present, non-finite, first non-finite, norm, ran, sharded
 MAX_DIM = 8
 ROW = 4096  # the sketch's projections: a gradient read as rows of ROW elements is a matrix G, its sketch
 CHUNK = ROW * 1024  # s = (G w) R with signs w (ROW) and R (rows, K) hashed from (seed, parameter): CHUNK at a time
+SKETCH_FAMILY = "sign-hash/4096"  # what the projections are (sketch dumps record it: gradcheck.projections)
 TOL = 1e-4  # relative difference between two ranks' gradients that counts (docs/guard.md: why)
 
 log = logging.getLogger("gradcheck_dist.guard")
@@ -139,41 +141,53 @@ def _mix(x):
 
 
 def _signs(rows, k, seed, dt):
-    """(len(rows), k) of +1 and -1: sign j of row r is bit j % 32 of a 32-bit hash of (seed, r, j // 32): the same on
-    every device and every torch (no generator)."""
+    """(len(rows), k) of +1 and -1: sign j of row r is bit j % 32 of a 32-bit hash of (seed, r * q + j // 32), q the
+    hashes a row needs (one for k <= 32): the same on every device and every torch (no generator). seed: an int, or
+    a (len(rows), 1) tensor (one per row)."""
     import torch
 
+    q = -(-k // 32)
+    key = rows.unsqueeze(1) * q + torch.arange(q, device=rows.device)
+    h = _mix(_mix((key & M32) ^ (seed & M32)) ^ (key >> 32))   # (len(rows), q): one hash per 32 signs
     j = torch.arange(k, device=rows.device)
-    key = rows.unsqueeze(1) * (-(-k // 32)) + j // 32
-    h = _mix(_mix((key & M32) ^ (seed & M32)) ^ (key >> 32))
-    return (1 - 2 * ((h >> (j % 32)) & 1)).to(dt)
+    return (1 - 2 * ((h[:, j // 32] >> (j % 32)) & 1)).to(dt)
 
 
-_W = {}   # (device, dtype) -> the column signs w: one vector for every parameter (R is the parameter's own)
+_W = {}   # (seed, device, dtype) -> the parameter's column signs w (ROW of them: 16 KiB per parameter in float32)
 
 
-def _column_signs(dev, dt):
+def _column_signs(seed, dev, dt):
     import torch
 
-    key = (str(dev), dt)
+    key = (seed, str(dev), dt)
     if key not in _W:
-        _W[key] = _signs(torch.arange(ROW, device=dev), 1, 0x5EED, dt).view(ROW)
+        _W[key] = _signs(torch.arange(ROW, device=dev), 1, seed + 3, dt).view(ROW)
     return _W[key]
 
 
-def _sketch(g, start, seed, k):
-    """sum over g's elements i (global index start + i in its parameter) of g_i r(i), with r(i)_j = w[c] R[row, j]
-    for i's column c = i % ROW and row = i // ROW, the signs w (ROW, the same for every parameter) and R (rows, K)
-    hashed from the column and from (seed, row): device-independent, so a dump made on a GPU and a reference made on a CPU project alike, and linear,
-    so the sketches of a parameter's shards add to the whole one's. E[s_j^2] = ||g||^2. Per chunk of up to CHUNK
-    elements: v = G w over its whole rows (one matrix-vector product; the cut rows at a shard's edges as dot
-    products), s += v R, and the sum of squares row by row (each row's in float32, their sum in float64). Copies nothing of g but a float16/bfloat16 chunk converted to
-    float32. Returns (sketch float64 (k,), ||g||^2 float64)."""
+def _sketch(g, start, seed, k, total=None):
+    """The K-value linear sketch of g, elements start .. start + len(g) of a parameter of `total` elements (None:
+    start + len(g)), and its sum of squares: (sketch float64 (k,), ||g||^2 float64). s_j = sum_i g_i r(i)_j over
+    the parameter's element indices i, every r(i)_j a sign hashed from (seed, i) (docs/guard.md, The sketch; no
+    generator, so the same on every device, and linear, so the sketches of a parameter's shards add to the whole
+    one's; E[s_j^2] = ||g||^2):
+      - a parameter of at most ROW elements: r(i)_j independent for every (i, j): K degrees of freedom;
+      - a larger one, read as rows of ROW: r(i)_j = w[i % ROW] R[i // ROW, j], w (ROW) and R (rows, K) the
+        parameter's. Per chunk of up to CHUNK elements: v = G w over its whole rows (one matrix-vector
+        product; the cut rows at a shard's edges as dot products), s += v R, and the sum of squares row by row
+        (each row's in float32, their sum in float64). A difference inside one row is seen through one direction
+        (v's entry for that row): docs/check-verdicts.md says what that costs.
+    Copies nothing of g but a float16/bfloat16 chunk converted to float32."""
     import torch
 
+    if (start + g.numel() if total is None else total) <= ROW:
+        dt = torch.float64
+        x = g.detach().reshape(-1).to(dt)
+        r = _signs(torch.arange(start, start + x.numel(), device=g.device), k, seed + 2, dt)
+        return x @ r, x.dot(x)
     dev = g.device
     dt = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
-    w = _column_signs(dev, dt)
+    w = _column_signs(seed, dev, dt)
     acc = torch.zeros(k, dtype=torch.float64, device=dev)
     ss = torch.zeros((), dtype=torch.float64, device=dev)
     n, pos = g.numel(), 0
@@ -196,23 +210,29 @@ def _sketch(g, start, seed, k):
     return acc, ss
 
 
+_SMALL = {}   # the small gradients' layout -> (which gradient each element is, their signs): the last one only
+
+
 def _small_sketches(gs, seeds, k):
-    """_sketch(g, 0, seed, k) of many whole gradients of at most ROW elements each (one row: row 0) at once, on their
-    device: (sketches (n, k), sums of squares (n,)), float64. They are copied into one buffer (their total size:
+    """_sketch(g, 0, seed, k) of many whole gradients of at most ROW elements each at once, on their device:
+    (sketches (n, k), sums of squares (n,)), float64. They are copied into one buffer (their total size:
     small by definition), so a model's hundreds of biases and norms cost a handful of operations, not hundreds."""
     import torch
 
     dev = gs[0].device
-    dt = torch.float64 if any(g.dtype == torch.float64 for g in gs) else torch.float32
-    flat = torch.cat([g.detach().reshape(-1).to(dt) for g in gs])
-    sizes = torch.tensor([g.numel() for g in gs], device=dev)
-    pid = torch.repeat_interleave(torch.arange(len(gs), device=dev), sizes)
-    cols = torch.arange(flat.numel(), device=dev) - (torch.cumsum(sizes, 0) - sizes)[pid]
-    zero = torch.zeros(len(gs), dtype=torch.float64, device=dev)
-    v = zero.index_add(0, pid, (flat * _column_signs(dev, dt)[cols]).double())
-    ss = zero.index_add(0, pid, flat.double().square())
-    seed = torch.tensor(seeds, device=dev).unsqueeze(1) + 1
-    return v.unsqueeze(1) * _signs(torch.zeros(len(gs), dtype=torch.long, device=dev), k, seed, torch.float64), ss
+    flat = torch.cat([g.detach().reshape(-1).to(torch.float64) for g in gs])
+    key = (str(dev), k, tuple(seeds), tuple(g.numel() for g in gs))
+    if key not in _SMALL:   # the same parameters step after step: their signs are drawn once (float32, N x K)
+        sizes = torch.tensor(key[3], device=dev)
+        pid = torch.repeat_interleave(torch.arange(len(gs), device=dev), sizes)
+        cols = torch.arange(flat.numel(), device=dev) - (torch.cumsum(sizes, 0) - sizes)[pid]
+        seed = torch.tensor(seeds, device=dev)[pid].unsqueeze(1) + 2
+        _SMALL.clear()
+        _SMALL[key] = pid, _signs(cols, k, seed, torch.float32)
+    pid, signs = _SMALL[key]
+    s = torch.zeros(len(gs), k, dtype=torch.float64, device=dev)
+    s.index_add_(0, pid, flat.unsqueeze(1) * signs)
+    return s, torch.zeros(len(gs), dtype=torch.float64, device=dev).index_add(0, pid, flat.square())
 
 
 def _fix(row, g):
@@ -295,10 +315,11 @@ class Guard:
             if shard is None and g.numel() <= ROW:
                 small.setdefault(g.device, []).append(i)   # a whole gradient of one row: sketched together
             else:
-                big.append((i, int(shard["start"]) if shard is not None else 0))
+                total = math.prod(shard["shape"]) if shard is not None else g.numel()
+                big.append((i, int(shard["start"]) if shard is not None else 0, total))
         table = torch.tensor(head, dtype=torch.float64, device=dev).view(len(head), COLS + self.k)
-        for i, start in big:
-            sk, ss = _sketch(grads[i].detach().reshape(-1), start, _seed(self.seed, names[i]), self.k)
+        for i, start, total in big:
+            sk, ss = _sketch(grads[i].detach().reshape(-1), start, _seed(self.seed, names[i]), self.k, total)
             table[i, 4] = ss.sqrt().to(dev)   # not finite, or 0 where the values are not: looked at again below (_fix)
             table[i, COLS:] = sk.to(dev)
         for idx in small.values():

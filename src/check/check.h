@@ -63,6 +63,8 @@ typedef struct {
     char mesh_names[4][16];     // (mesh_nd)
     int mesh_shape[4];          // (mesh_nd)
     int *mesh_coords;           // (world * mesh_nd) each rank's coordinates
+    int sketch_k;               // gradcheck.sketch: every file a sketch dump of this K (0: full dumps)
+    long sketch_seed;           // gradcheck.seed of the sketch dumps
 } gcd_check_set;
 
 // Opens, validates and cross-checks every file. 0, or 2 with a message naming the file, rank or

@@ -135,3 +135,18 @@ typedef struct gcd_hash_pool gcd_hash_pool;
 gcd_hash_pool *gcd_hash_pool_start(gcd_check_set *set, const unsigned char *inl, int pooled);
 // waits for the pool; 0, or 2 with its first error in err
 int gcd_hash_pool_join(gcd_hash_pool *pool, char *err, size_t len);
+
+// ----------------------------------------------------------------------------
+// sketch.c: sketch dumps (dump_grads(..., sketch=K)), docs/dumps.md. Each parameter with a gradient is one F64
+// tensor of GCD_SK_COLS + K values: these columns, then its K-value linear sketch (python/gradcheck_dist/guard.py
+// _sketch, at the piece's offset START in the whole parameter, so that pieces add)
+enum { GCD_SK_NONFINITE, GCD_SK_FIRST_NONFINITE, GCD_SK_NORM, GCD_SK_START, GCD_SK_NUMEL, GCD_SK_DTYPE, GCD_SK_NDIM, GCD_SK_DIM0,
+       GCD_SK_COLS = GCD_SK_DIM0 + GCD_ST_MAX_DIM };
+#define GCD_SKETCH_MAX_K 4096
+
+// every file a sketch dump of one K and seed, or none (set->sketch_k 0); each sketch tensor F64 (GCD_SK_COLS + K);
+// the reduced stage only. 2 with a message naming the file otherwise
+int gcd_sketch_load(gcd_check_set *set, char *err, size_t len);
+// gcd_check_scan for sketch dumps: each parameter's rows (read and validated) judged by the guard's rules
+// (guard/rows.h) and the classifier
+int gcd_check_sketch_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, char *err, size_t len);

@@ -340,7 +340,7 @@ int gcd_check_load(const gcd_check_opts *o, gcd_check_set *set, char *err, size_
     else if (set->has_ref && (x = gcd_first_missing(ref_params, nref, set->params, set->nparams)))
         rc = fail(err, len, "%s: the reference's gradcheck.params lists '%.80s', which the dumps do not", o->ref[0], x);
     free_strs(ref_params, nref);
-    if (rc || (rc = load_shard_maps(o, set, err, len))) return rc;
+    if (rc || (rc = gcd_sketch_load(set, err, len)) || (rc = load_shard_maps(o, set, err, len))) return rc;
 
     // the precision every file records, and what the dumps say ran in the forward
     double prec_tol = 0;

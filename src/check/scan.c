@@ -516,6 +516,7 @@ static void scan_free(scan *s) {
 }
 
 int gcd_check_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, char *err, size_t len) {
+    if (set->sketch_k) return gcd_check_sketch_scan(o, set, res, err, len);
     scan s;
     scan_start(o, set, res, &s, err, len);
     gcd_hash_pool *pool = digests_start(o, set, &s);

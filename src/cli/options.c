@@ -44,7 +44,8 @@ const gcd_option gcd_options[] = {
       "300, or GCD_TIMEOUT): a stopped, hung or dead rank never hangs the job;\n"
       "check: a scan longer than S seconds stops, exit 3 (default: no limit)" },
     { OPT_REF, "--ref", CMD_CHECK, "FILE", NULL,
-      "the single-process reference: same starting weights, the whole batch, world 1;\n"
+      "the single-process reference: same starting weights, the whole batch, world 1\n"
+      "(sketch dumps: also one rank of another run, such as world W/2: docs/guard.md);\n"
       "a second --ref, the same step with the rows in another order, measures each\n"
       "tensor's rounding noise (docs/check-verdicts.md)" },
     { OPT_IGNORE, "--ignore", CMD_CHECK, "GLOB", NULL, "leave parameters matching GLOB out (repeatable; fnmatch, e.g. 'head.*')" },

@@ -8,6 +8,7 @@
 
 #include "report/report.h"
 #include "diagnose/verdict.h"
+#include "guard/rows.h"
 
 int gcd_guard_abi(void) { return GCD_GUARD_ABI; }
 
@@ -20,61 +21,10 @@ static const double *row(const double *summary, int nparam, int k, int rank, int
     return summary + ((size_t)rank * nparam + i) * (size_t)(GCD_GUARD_COLS + k);
 }
 
-// ||a - b|| / sqrt(k): the sketch's estimate of the distance between the two gradients (E[s_j^2] = ||g||^2)
-static double sketch_dist(const double *a, const double *b, int k) {
-    double ss = 0;
-    for (int j = 0; j < k; j++) ss += (a[j] - b[j]) * (a[j] - b[j]);
-    return sqrt(ss / k);
-}
-
-// Sharded: every rank's piece is part of one gradient: norms combine as the root of the sum of squares, the
-// non-finite counts add, nothing is compared. Replicated: rank first's gradient is g; every other rank with
-// one must hold the same, within tol (relative to ||g||) both by its sketch and by its norm.
-static void fill(gcd_param_result *p, gcd_sums *s, const double *summary, int world, int nparam, int k, int i, int sharded) {
-    p->has = gcd_malloc((size_t)world);
-    p->differs = gcd_malloc((size_t)world);
-    p->rank_norm = gcd_malloc((size_t)world * sizeof *p->rank_norm);
-    p->rank_nonfinite = gcd_malloc((size_t)world * sizeof *p->rank_nonfinite);
-    p->rank_first_nonfinite = gcd_malloc((size_t)world * sizeof *p->rank_first_nonfinite);
-    p->first = p->diff_base = -1;
-    p->max_diff = p->diff_rel = 0;
-    double ss = 0;
-    for (int r = 0; r < world; r++) {
-        const double *x = row(summary, nparam, k, r, i);
-        p->has[r] = x[GCD_GUARD_PRESENT] != 0;
-        p->ran |= x[GCD_GUARD_RAN] != 0;
-        p->rank_norm[r] = p->has[r] ? x[GCD_GUARD_NORM] : NAN;
-        p->rank_nonfinite[r] = p->has[r] ? (long)x[GCD_GUARD_NONFINITE] : 0;
-        p->rank_first_nonfinite[r] = p->rank_nonfinite[r] ? (long)x[GCD_GUARD_FIRST_NONFINITE] : -1;
-        if (!p->has[r]) continue;
-        p->nhave++;
-        s->nonfinite += p->rank_nonfinite[r];
-        if (p->rank_nonfinite[r] && s->first_nonfinite < 0) s->first_nonfinite = p->rank_first_nonfinite[r];
-        if (p->first < 0) p->first = r;
-        if (sharded) ss += x[GCD_GUARD_NORM] * x[GCD_GUARD_NORM];
-    }
-    if (p->first < 0) return;
-    const double *g = row(summary, nparam, k, p->first, i);
-    double norm = sharded ? sqrt(ss) : g[GCD_GUARD_NORM];
-    s->gg = norm * norm;
-    s->allzero = norm == 0;
-    if (sharded || s->nonfinite) return;   // a NaN differs from everything: non-finite comes first
-    p->diff_base = p->first;
-    for (int r = p->first + 1; r < world; r++) {
-        if (!p->has[r]) continue;
-        const double *x = row(summary, nparam, k, r, i);
-        double d = fmax(sketch_dist(x + GCD_GUARD_COLS, g + GCD_GUARD_COLS, k), fabs(x[GCD_GUARD_NORM] - norm));
-        double rel = norm > 0 ? d / norm : (d > 0 ? INFINITY : 0);
-        p->max_diff = fmax(p->max_diff, d);
-        p->diff_rel = fmax(p->diff_rel, rel);
-        p->differs[r] = rel > p->tol;
-    }
-}
-
 static void free_params(gcd_run_result *res) {
     for (int i = 0; i < res->nparam; i++) {
         gcd_param_result *p = &res->param[i];
-        free(p->has), free(p->differs), free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite);
+        gcd_guard_param_free(p);
     }
     free(res->param);
     for (int i = 0; i < res->nfinding; i++) free(res->finding[i].params), free(res->finding[i].message);
@@ -123,6 +73,7 @@ int gcd_guard_judge(const double *summary, int world, int nparam, int k, const c
     res.guard_step = step;
     res.sensitivity = NAN;
     res.param = gcd_malloc((size_t)(nparam ? nparam : 1) * sizeof *res.param);
+    const double **rows = gcd_malloc((size_t)world * sizeof *rows);
     for (int i = 0; i < nparam; i++) {
         gcd_param_result *p = &res.param[res.nparam];
         gcd_sums s;
@@ -140,20 +91,22 @@ int gcd_guard_judge(const double *summary, int world, int nparam, int k, const c
             if (x[GCD_GUARD_NAME] != row(summary, nparam, k, 0, i)[GCD_GUARD_NAME]) {
                 snprintf(err, errlen, "guard: rank %d lists another parameter than rank 0 (%s) at position %d: every rank must "
                          "summarise the same parameters in the same order", r, names[i], i);
-                free(p->has), free(p->differs), free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite);
+                free(rows);
                 free_params(&res);
                 return 2;
             }
         }
-        fill(p, &s, summary, world, nparam, k, i, sharded);
+        for (int r = 0; r < world; r++) rows[r] = row(summary, nparam, k, r, i);
+        gcd_guard_fill(p, &s, rows, world, k, sharded);
         if (!p->ran) {   // its module ran on no rank this step: no gradient is owed (a zero left by zero_grad neither)
-            free(p->has), free(p->differs), free(p->rank_norm), free(p->rank_nonfinite), free(p->rank_first_nonfinite);
+            gcd_guard_param_free(p);
             memset(p, 0, sizeof *p);
             continue;
         }
         gcd_classify_sums(p, &s, world, tol);
         res.nparam++;
     }
+    free(rows);
     gcd_verdict(&res);
     int code = gcd_run_has_finding(&res) ? 1 : 0;
     clock_gettime(CLOCK_MONOTONIC, &t1);

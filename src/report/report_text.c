@@ -498,6 +498,12 @@ static char *render_text(const cJSON *doc, int width) {
         wrap(&b, width, "", line);
         const char *tv = gcd_jstr(env, "torch_version"), *lv = gcd_jstr(env, "lightning_version");
         if (*tv || *lv) gcd_sb_printf(&b, "dumped with torch %s%s%s\n", *tv ? tv : "?", *lv ? ", lightning " : "", lv);
+        const cJSON *meta0 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(dumps, 0), "metadata");
+        if (*gcd_jstr(meta0, "gradcheck.sketch")) {   // sketch dumps: the figures against the reference are estimates
+            snprintf(line, sizeof line, "sketch dumps (K=%.12s, seed %.12s): the differences from the reference are estimated from the sketches "
+                     "(what they can miss: docs/check-verdicts.md)", gcd_jstr(meta0, "gradcheck.sketch"), gcd_jstr(meta0, "gradcheck.seed"));
+            wrap(&b, width, "", line);
+        }
         gcd_sb_printf(&b, "\n");
     } else {
         snprintf(line, sizeof line, "gradcheck-dist %s: backend %s, world %d, %s, tolerance %g", version, gcd_jstr(env, "backend"),

@@ -104,6 +104,11 @@ if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/de
     grep -E "^(PASS|FAIL)" "$out/guard.txt"
     [ $rc = 0 ]
     result $? "guard on CUDA/NCCL (tests/gpu/guard_gpu.py): every case as expected" "exit $rc, output $out/guard.txt"
+    timeout 300 python3 tests/gpu/sketch_gpu.py build-gpu/gradcheck-dist >"$out/sketch.txt" 2>&1
+    rc=$?
+    grep -E "^(PASS|FAIL)" "$out/sketch.txt"
+    [ $rc = 0 ]
+    result $? "sketch dumps of CUDA gradients (tests/gpu/sketch_gpu.py): every case as expected" "exit $rc, output $out/sketch.txt"
 else
     result 1 "guard on CUDA/NCCL: a python3 with CUDA torch" "none here: pip install torch (CUDA), then run again"
 fi

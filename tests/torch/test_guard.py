@@ -184,7 +184,7 @@ def test_sketch_of_shards_should_add_to_the_whole():
     whole, ss = _sketch(g, 0, 11, 8)
     assert abs(float(ss.sqrt()) / float(g.double().norm()) - 1) < 1e-6
     for cut in (1, 1023, 1024, 5000, CHUNK - 1, CHUNK, CHUNK + 3000, 2 * CHUNK + 1):
-        parts = _sketch(g[:cut], 0, 11, 8)[0] + _sketch(g[cut:], cut, 11, 8)[0]
+        parts = _sketch(g[:cut], 0, 11, 8, g.numel())[0] + _sketch(g[cut:], cut, 11, 8)[0]
         assert float((parts - whole).norm() / whole.norm()) < 1e-5, cut
     other = g.clone()
     other[CHUNK + 17] += 1e-2 * float(g.norm())  # one changed value changes the sketch
@@ -204,14 +204,14 @@ def _py_sign(seed, key, bit):
 
 
 def test_sketch_should_follow_its_definition_without_a_generator():
-    # s_j = sum_i g_i w[i % ROW] R[i // ROW, j]: w from the fixed column seed, R from (seed + 1, row); no torch
+    # s_j = sum_i g_i w[i % ROW] R[i // ROW, j]: w from (seed + 3, column), R from (seed + 1, row); no torch
     # generator, so the same on a GPU as here (tests/gpu/guard_gpu.py compares the two devices)
     from gradcheck_dist.guard import ROW
 
     k, seed, start = 40, 123, ROW - 300   # k > 32: two hashes per row; a shard starting 300 elements before a row's end
     g = torch.randn(2 * ROW + 77, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     want = [0.0] * k
-    w = [_py_sign(0x5EED, c, 0) for c in range(ROW)]
+    w = [_py_sign(seed + 3, c, 0) for c in range(ROW)]
     rows = {}
     for i, x in enumerate(g.tolist()):
         at = start + i
@@ -223,6 +223,13 @@ def test_sketch_should_follow_its_definition_without_a_generator():
     got, ss = _sketch(g, start, seed, k)
     assert max(abs(a - b) for a, b in zip(got.tolist(), want)) < 1e-9 * float(g.norm())
     assert abs(float(ss) - float(g.pow(2).sum())) < 1e-9 * float(ss)
+    # a parameter of at most ROW elements: every (element, j) its own sign, hashed from (seed + 2, element):
+    # K degrees of freedom for a bias, where one row's product (g . w) would give one; here its second shard
+    small, start = g[:700], 1000   # elements 1000..1699 of a parameter of 2000
+    want = [sum(x * _py_sign(seed + 2, (start + i) * 2 + j // 32, j % 32) for i, x in enumerate(small.tolist()))
+            for j in range(k)]
+    got = _sketch(small, start, seed, k, total=2000)[0]
+    assert max(abs(a - b) for a, b in zip(got.tolist(), want)) < 1e-9 * float(small.norm())
 
 
 def test_small_gradients_sketched_together_should_match_one_at_a_time():
