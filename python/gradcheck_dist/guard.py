@@ -150,7 +150,8 @@ def _signs(rows, k, seed, dt):
     key = rows.unsqueeze(1) * q + torch.arange(q, device=rows.device)
     h = _mix(_mix((key & M32) ^ (seed & M32)) ^ (key >> 32))   # (len(rows), q): one hash per 32 signs
     j = torch.arange(k, device=rows.device)
-    return (1 - 2 * ((h[:, j // 32] >> (j % 32)) & 1)).to(dt)
+    h = h if q == 1 else h[:, j // 32]   # (len(rows), 1) broadcasts: no gather
+    return (1 - 2 * ((h >> (j % 32)) & 1)).to(dt)
 
 
 _W = {}   # (seed, device, dtype) -> the parameter's column signs w (ROW of them: 16 KiB per parameter in float32)
@@ -163,6 +164,37 @@ def _column_signs(seed, dev, dt):
     if key not in _W:
         _W[key] = _signs(torch.arange(ROW, device=dev), 1, seed + 3, dt).view(ROW)
     return _W[key]
+
+
+def _fused():
+    """The library's one-pass row kernel (src/guard/pass.c), or None (no library: torch's two passes)."""
+    try:
+        f = library().gcd_guard_rows_f32
+    except (RuntimeError, AttributeError):
+        return None
+    f.restype = None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.POINTER(ctypes.c_double)]
+    return f
+
+
+def _rows(G, w):
+    """(G w, the sum of G's squares in float64) for G (rows, ROW): on the CPU in float32 one read of G (the library's
+    kernel), else torch's matrix-vector product and row norms (each row's in float32, their sum in float64)."""
+    import torch
+
+    if G.device.type == "cpu" and G.dtype == torch.float32 and G.is_contiguous() and w.is_contiguous():
+        global _FUSED
+        if _FUSED is None:
+            _FUSED = _fused() or False
+        if _FUSED:
+            v, sq = torch.empty(G.shape[0], dtype=torch.float32), ctypes.c_double()
+            _FUSED(G.data_ptr(), G.shape[0], G.shape[1], w.data_ptr(), v.data_ptr(), ctypes.byref(sq))
+            return v, sq.value
+    return G.mv(w), torch.linalg.vector_norm(G, dim=1).double().square().sum()
+
+
+_FUSED = None
 
 
 def _sketch(g, start, seed, k, total=None):
@@ -197,9 +229,9 @@ def _sketch(g, start, seed, k, total=None):
         r0, r1 = -(-lo // ROW), (lo + m) // ROW   # whole rows r0..r1 (global)
         a = r0 * ROW - lo
         if r0 < r1:
-            G = piece[a:a + (r1 - r0) * ROW].view(r1 - r0, ROW)
-            ss += torch.linalg.vector_norm(G, dim=1).double().square().sum()   # per row: exact to ~1e-8
-            acc += G.mv(w).double() @ _signs(torch.arange(r0, r1, device=dev), k, seed + 1, torch.float64)
+            v, sq = _rows(piece[a:a + (r1 - r0) * ROW].view(r1 - r0, ROW), w)
+            ss += sq
+            acc += v.double() @ _signs(torch.arange(r0, r1, device=dev), k, seed + 1, torch.float64)
         for row, b, e in ((lo // ROW, 0, min(m, a)), (r1, max(a, (r1 - r0) * ROW + a), m)):   # cut rows
             if b < e:
                 c = (lo + b) % ROW
@@ -210,29 +242,38 @@ def _sketch(g, start, seed, k, total=None):
     return acc, ss
 
 
-_SMALL = {}   # the small gradients' layout -> (which gradient each element is, their signs): the last one only
+_SMALL = {}   # (device, k, size, seeds) -> the signs (gradients, size, k) of a group of small gradients of one size
 
 
 def _small_sketches(gs, seeds, k):
     """_sketch(g, 0, seed, k) of many whole gradients of at most ROW elements each at once, on their device:
-    (sketches (n, k), sums of squares (n,)), float64. They are copied into one buffer (their total size:
-    small by definition), so a model's hundreds of biases and norms cost a handful of operations, not hundreds."""
+    (sketches (n, k), sums of squares (n,)), float64. Gradients of one size (a model's LayerNorm weights and biases
+    are mostly one size) are stacked (a copy of them: small by definition) and sketched in one batched product with
+    their signs, which are drawn once and kept (float64, size x k per gradient), so a model's hundreds of biases and
+    norms cost a few operations per size, not a few per gradient."""
     import torch
 
     dev = gs[0].device
-    flat = torch.cat([g.detach().reshape(-1).to(torch.float64) for g in gs])
-    key = (str(dev), k, tuple(seeds), tuple(g.numel() for g in gs))
-    if key not in _SMALL:   # the same parameters step after step: their signs are drawn once (float32, N x K)
-        sizes = torch.tensor(key[3], device=dev)
-        pid = torch.repeat_interleave(torch.arange(len(gs), device=dev), sizes)
-        cols = torch.arange(flat.numel(), device=dev) - (torch.cumsum(sizes, 0) - sizes)[pid]
-        seed = torch.tensor(seeds, device=dev)[pid].unsqueeze(1) + 2
-        _SMALL.clear()
-        _SMALL[key] = pid, _signs(cols, k, seed, torch.float32)
-    pid, signs = _SMALL[key]
-    s = torch.zeros(len(gs), k, dtype=torch.float64, device=dev)
-    s.index_add_(0, pid, flat.unsqueeze(1) * signs)
-    return s, torch.zeros(len(gs), dtype=torch.float64, device=dev).index_add(0, pid, flat.square())
+    sk = torch.empty(len(gs), k, dtype=torch.float64, device=dev)
+    ss = torch.empty(len(gs), dtype=torch.float64, device=dev)
+    groups = {}
+    for i, g in enumerate(gs):
+        groups.setdefault(g.numel(), []).append(i)
+    live = set()
+    for n, idx in groups.items():
+        key = (str(dev), k, n, tuple(seeds[i] for i in idx))
+        live.add(key)
+        if key not in _SMALL:   # the same parameters step after step: their signs are drawn once
+            seed = torch.tensor([seeds[i] for i in idx], device=dev).repeat_interleave(n).unsqueeze(1) + 2
+            cols = torch.arange(n, device=dev).repeat(len(idx))
+            _SMALL[key] = _signs(cols, k, seed, torch.float64).view(len(idx), n, k)
+        X = torch.stack([gs[i].detach().reshape(-1).to(torch.float64) for i in idx])
+        at = torch.tensor(idx, device=dev)
+        sk[at] = torch.bmm(X.unsqueeze(1), _SMALL[key]).squeeze(1)
+        ss[at] = X.square().sum(1)
+    for key in [key for key in _SMALL if key not in live]:   # a layout no longer seen: its signs go
+        del _SMALL[key]
+    return sk, ss
 
 
 def _fix(row, g):

@@ -27,3 +27,5 @@ int gcd_guard_judge(const double *summary, int world, int nparam, int k, const c
                     const long long *shape, long long step, int every, double tol,
                     const char *report, char **json, char *err, size_t errlen);
 void gcd_guard_free(char *p);
+// the sketch's pass on the CPU: v[r] = sum_c g[r row + c] w[c] for r < rows, and *ss = sum of g's squares
+void gcd_guard_rows_f32(const float *g, long long rows, int row, const float *w, float *v, double *ss);

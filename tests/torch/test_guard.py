@@ -223,6 +223,18 @@ def test_sketch_should_follow_its_definition_without_a_generator():
     got, ss = _sketch(g, start, seed, k)
     assert max(abs(a - b) for a, b in zip(got.tolist(), want)) < 1e-9 * float(g.norm())
     assert abs(float(ss) - float(g.pow(2).sum())) < 1e-9 * float(ss)
+    # float32 on the CPU goes through the library's one-pass kernel (src/guard/pass.c); torch's two passes agree
+    import importlib
+
+    guard = importlib.import_module("gradcheck_dist.guard")   # the module; the package's `guard` is the function
+    assert guard._fused() is not None
+    for fused in (None, False):   # None: the kernel, loaded on first use; False: torch's matrix-vector product
+        guard._FUSED = fused
+        got, ss = _sketch(g.float(), start, seed, k)
+        assert max(abs(a - b) for a, b in zip(got.tolist(), want)) < 1e-5 * float(g.norm())
+        assert abs(float(ss) - float(g.pow(2).sum())) < 1e-5 * float(ss)
+        assert callable(guard._FUSED) == (fused is None)
+    guard._FUSED = None
     # a parameter of at most ROW elements: every (element, j) its own sign, hashed from (seed + 2, element):
     # K degrees of freedom for a bias, where one row's product (g . w) would give one; here its second shard
     small, start = g[:700], 1000   # elements 1000..1699 of a parameter of 2000
