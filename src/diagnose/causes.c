@@ -121,6 +121,15 @@ static int gathered_own_rows(const gcd_run_result *res) {
     return fabs(l[0] - mean) > fmax(1e-4, 10 * res->tol) * fmax(fabs(mean), 1e-30);
 }
 
+// every rank's loss is f x what its batch gives alone in one process (check_ddp's gradcheck.shard_losses)
+static int rank_loss_is_shard(const gcd_run_result *res, double f) {
+    const double *l = res->rank_loss, *s = res->shard_loss;
+    if (!l || !s) return 0;
+    for (int k = 0; k < res->world; k++)
+        if (!(fabs(l[k] - f * s[k]) <= fmax(1e-4, 10 * res->tol) * fmax(fabs(f * s[k]), 1e-30))) return 0;
+    return 1;
+}
+
 // What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
 // "(= 1/world)": their cause is the gather mode, which the table names
 static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int words) {
@@ -144,10 +153,14 @@ static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int word
                          "all_gather(sync_grads=False), lightly's GatherLayer before its fix). Fix: gather with a backward that sums "
                          "every rank's gradient for each slot: torch.distributed.nn.functional.all_gather (Lightning's "
                          "all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)", res->rank_loss[0]);
-    } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world))
-        gcd_sb_printf(m, " (= 1/world): a loss summed over rows where the reference averages: the ranks' mean loss %.6g is the "
-                         "single-process objective %.6g / world. Fix: average the loss over the rank's rows (.mean(), "
-                         "reduction=\"mean\"), or sum in the reference too", res->loss_mean, res->loss_ref);
+    } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1))
+        gcd_sb_printf(m, " (= 1/world): a loss summed over rows where the reference averages: each rank's loss is what its batch "
+                         "gives alone, and their mean %.6g is the single-process objective %.6g / world. Fix: average the loss over "
+                         "the rank's rows (.mean(), reduction=\"mean\"), or sum in the reference too", res->loss_mean, res->loss_ref);
+    else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1.0 / world))
+        gcd_sb_printf(m, " (= 1/world): each rank's loss is what its batch gives alone divided by the world: a loss divided by the "
+                         "world before backward, where DDP already averages the gradients over the ranks. Fix: backward each rank's "
+                         "own loss, undivided");
     else if (fabs(c * world - 1) <= 1e-6)
         gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
                          "only the rank's own rows, or a gradient divided by the world twice");

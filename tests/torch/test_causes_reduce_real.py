@@ -197,6 +197,7 @@ def test_loss_all_reduced_before_backward_should_be_named_a_double_reduction():
 def test_loss_divided_by_world_should_not_be_named_a_double_reduction():
     msg, _ = first_finding(make_net, step_loss_divided_by_world, batch(), world=WORLD)
     assert "x0.5 (= 1/world)" in msg and "double reduction" not in msg, msg
+    assert "a loss divided by the world before backward" in msg and "summed over rows" not in msg, msg   # issue 38
 
 
 class Pooled(torch.nn.Module):
