@@ -13,6 +13,7 @@ usage: GRADCHECK_DIST=build/gradcheck-dist python -m pytest -q tests/torch/test_
   - a forward through model.module.method, around the DDP wrapper
   - picotron / Megatron: gradients kept in main_grad, never copied to .grad
   - a loss summed over rows instead of averaged
+  - pytorch: a reentrant checkpoint whose input needs no gradient
   - a plain dist.all_gather whose own slot is not put back
 """
 import multiprocessing
@@ -300,6 +301,30 @@ def routed_batch():
     return x, y
 
 
+# ---- pytorch: a reentrant checkpoint whose input needs no gradient (the first block): its parameters get None
+
+
+class Checkpointed(torch.nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.block, self.head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+
+    def forward(self, x, y):
+        import torch.utils.checkpoint as cp
+
+        h = cp.checkpoint(lambda t: torch.tanh(self.block(t)), x, use_reentrant=self.reentrant)
+        return ((self.head(h) - y) ** 2).mean()
+
+
+def make_checkpoint_reentrant():
+    return Checkpointed(True)
+
+
+def make_checkpoint_nonreentrant():
+    return Checkpointed(False)
+
+
 # ---- the cases: (name, bug (make, step, batch, kwargs), fixed (...), what the first finding must say)
 
 CASES = {
@@ -322,6 +347,8 @@ CASES = {
     "verl_token_mean": ((make_tokens, step_token_mean_per_rank, token_batch, {}),
                         (make_tokens, step_token_mean_global, token_batch, {"reference": token_objective}),
                         ["not the single-process objective", "per-rank token"]),
+    "checkpoint_reentrant": ((make_checkpoint_reentrant, step_plain, batch, {}),
+                             (make_checkpoint_nonreentrant, step_plain, batch, {}), ["use_reentrant=False"]),
     "unused_on_some_ranks": ((make_routed, step_plain, routed_batch, {"find_unused_parameters": False}),
                              (make_routed, step_plain, routed_batch, {}), ["never joined", "expert.weight", "find_unused_parameters=True"]),
 }
