@@ -109,13 +109,13 @@ static int loss_is_objective(const gcd_run_result *res, double factor) {
 
 // A gather whose backward keeps only the own rows, from the losses: every rank's loss is the same value, the
 // single-process objective (the forward gathered the world's batch), and not the mean of what the batches give
-// alone where check_ddp recorded those (that would be a loss all-reduced in the forward)
+// alone (that would be a loss all-reduced in the forward): without those (check_ddp records them) nothing is named
 static int gathered_own_rows(const gcd_run_result *res) {
     const double *l = res->rank_loss, *s = res->shard_loss;
     if (!l || res->world < 2 || !loss_is_objective(res, 1) || double_reduced(res)) return 0;
     for (int k = 0; k < res->world; k++)
         if (!(fabs(l[k] - l[0]) <= 1e-6 * fmax(fabs(l[0]), 1e-30))) return 0;
-    if (!s) return 1;
+    if (!s) return 0;
     double mean = 0;
     for (int k = 0; k < res->world; k++) mean += s[k] / res->world;
     return fabs(l[0] - mean) > fmax(1e-4, 10 * res->tol) * fmax(fabs(mean), 1e-30);

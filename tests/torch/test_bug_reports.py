@@ -387,6 +387,28 @@ def test_fixed_version_should_pass(name):
     assert rc == 0, (rc, msg)
 
 
+def test_double_reduction_without_the_shard_losses_should_not_be_named_a_gather(tmp_path):
+    """The FunASR step's dumps with the reference's gradcheck.shard_losses removed (dumps a user wrote without
+    check_ddp): every rank's loss is the same and the objective, as under a gather keeping its own rows; without the
+    batches' own losses the numbers cannot tell the two apart, so neither is named."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with pytest.raises(GradcheckFailure) as e:
+        check_ddp(make_net, step_funasr, batch(), world=WORLD, workdir=str(tmp_path / "w"), references=1)
+    ref = str(tmp_path / "w" / "ref.safetensors")
+    assert "a double reduction:" in e.value.args[0], e.value.args[0]   # with them: named
+    with safe_open(ref, "pt") as f:
+        assert "gradcheck.shard_losses" in f.metadata(), f.metadata()
+        meta = {k: v for k, v in f.metadata().items() if k != "gradcheck.shard_losses"}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(tmp_path / "ref-bare.safetensors"), metadata=meta)
+    rc, report, _ = run_check(str(tmp_path / "w" / "reduced"), ref=str(tmp_path / "ref-bare.safetensors"))
+    msg = " ".join([f for f in report["runs"][0]["findings"] if f.get("counts")][0]["message"].split())
+    assert rc == 1 and "x0.5 (= 1/world)" in msg, (rc, msg)
+    assert "keeps only the rank's own rows:" not in msg and "a double reduction:" not in msg, msg
+
+
 # ---- picotron / Megatron: the wrapper keeps the gradients in param.main_grad; dumped (or stepped) from .grad
 
 
