@@ -209,6 +209,53 @@ def _skipped(outdir, what):
                                                     "ranks": missing}], "params": []}]}, outdir)
 
 
+def _unjoined(outdir, what, world):
+    """A finding (GradcheckFailure), not a harness error: some ranks finished their backward (their local dumps are
+    written) while the others failed or hung in DDP's all-reduce, and the finished ones gave no gradient to some
+    parameters (listed in gradcheck.params, absent from their local dump): DDP without find_unused_parameters waits
+    for every parameter before it all-reduces their bucket, so those ranks never joined it."""
+    from .dump import read_dump
+
+    done, unused = [], {}
+    for r in range(world):
+        path = os.path.join(outdir, "local", f"rank{r}.safetensors")
+        if not os.path.exists(path):
+            continue
+        try:
+            tensors, meta = read_dump(path)
+            listed = json.loads(meta.get("gradcheck.params", "[]"))
+        except Exception:   # unreadable: no evidence, the harness error stands
+            return
+        done.append(r)
+        missing = [n for n in listed if n not in tensors]
+        if missing:
+            unused[r] = missing
+    if not done or len(done) == world or not unused:
+        return
+    waited = [r for r in range(world) if r not in done]
+    for r in waited:   # each waited (hung: no error) or lost its peers in a collective, not an error of its own step
+        err = os.path.join(outdir, f"error-rank{r}.txt")
+        if os.path.exists(err):
+            with open(err, errors="replace") as f:
+                text = f.read()
+            if not any(w in text for w in ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out")):
+                return
+    names = sorted({n for m in unused.values() for n in m})
+    who = ("rank " if len(unused) == 1 else "ranks ") + ", ".join(map(str, unused))
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    msg = (f"{who} never joined DDP's all-reduce that {'rank' if len(waited) == 1 else 'ranks'} "
+           f"{', '.join(map(str, waited))} waited in: {who} gave no gradient to {shown} (absent from its local dump), "
+           f"and DDP without find_unused_parameters=True waits for every parameter's gradient before it all-reduces their "
+           f"bucket, so {who} finished the backward without it (in training: a hang until the process group's timeout, "
+           f"or 'Expected to have finished reduction in the prior iteration' at the next step). Fix: "
+           f"find_unused_parameters=True (check_ddp's default 'auto' sets it when a probe step leaves a parameter "
+           f"without a gradient), or let every rank's forward reach every parameter")
+    raise GradcheckFailure(f"{what}: {msg}\n{_kept(outdir)}",
+                           {"runs": [{"findings": [{"kind": "unjoined_reduce", "counts": True, "message": msg,
+                                                    "ranks": sorted(unused), "waited": waited, "params": names}],
+                                      "params": []}]}, outdir)
+
+
 def _verdict(rc, report, text, what, outdir, binary):
     if rc == 0 and report is not None:
         return report
@@ -739,8 +786,10 @@ def _run_ranks(what, prefix, worker, world, method, args, dumps, workdir, timeou
         try:
             codes = _join_all(procs, timeout, what, names)
         except RuntimeError as e:
+            _unjoined(outdir, what, world)
             raise HarnessError(f"{e}\n{_kept(outdir)}", outdir) from None
         if any(codes):
+            _unjoined(outdir, what, world)
             errors = _rank_errors(outdir, [n.replace("the single-process reference", "ref") for n in names])
             if not errors:
                 errors = ("no process reached the step (its own output is above); a script that calls check_ddp "

@@ -14,7 +14,7 @@ typedef struct {
     const gcd_st_tensor **R, **L, **E;   // (world) each rank's reduced, local and earlier tensors (E: NULL where absent)
     const gcd_st_tensor *ref;
     double *mL, *mE, *mR, *r, *v, *w, *e;   // (SCHUNK) means over ranks, the reference, one rank's R, L and E
-    double *own, *split, *dref, *rr, *ll;   // (world) ||R-L||^2, ||R-(mean E+L-E)||^2, ||R-r||^2, ||R||^2, ||L||^2
+    double *own, *split, *dref, *rr, *ll, *ee;   // (world) ||R-L||^2, ||R-(mean E+L-E)||^2, ||R-r||^2, ||R||^2, ||L||^2, ||E||^2
     double cons, mll, refsq;   // ||mean R - mean L||^2, ||mean L||^2, ||r||^2
     char *err;
     size_t len;
@@ -55,20 +55,20 @@ static int chunk(stages *s, uint64_t at, size_t m, int with_e) {
     for (int k = 0; k < W; k++) {
         if (load(s, &s->set->rank[k], s->R[k], at, m, s->w) || load(s, &s->set->local[k], s->L[k], at, m, s->v)) return 2;
         if (with_e && load(s, &s->set->local[k], s->E[k], at, m, s->e)) return 2;
-        double own = 0, split = 0, dref = 0, rr = 0, ll = 0;
+        double own = 0, split = 0, dref = 0, rr = 0, ll = 0, ee = 0;
         for (size_t i = 0; i < m; i++) {
             double R = s->w[i], L = s->v[i], a = R - L;
             own += a * a, rr += R * R, ll += L * L;
             if (with_e) {
                 double c = R - (s->mE[i] + L - s->e[i]);
-                split += c * c;
+                split += c * c, ee += s->e[i] * s->e[i];
             }
             if (s->ref) {
                 double c = R - s->r[i];
                 dref += c * c;
             }
         }
-        s->own[k] += own, s->split[k] += split, s->dref[k] += dref, s->rr[k] += rr, s->ll[k] += ll;
+        s->own[k] += own, s->split[k] += split, s->dref[k] += dref, s->rr[k] += rr, s->ll[k] += ll, s->ee[k] += ee;
     }
     return 0;
 }
@@ -78,6 +78,7 @@ static int decide(const stages *s, gcd_param_result *p, int with_e) {
     int W = s->set->world, unreduced = 1, split = with_e;
     double tol = p->tol;
     p->split_rel = with_e ? 0 : NAN;
+    p->accumulated = 0;
     for (int k = 0; k < W; k++) {
         double base = fmax(sqrt(s->rr[k]), sqrt(s->ll[k]));
         p->own_rel[k] = base > 0 ? sqrt(s->own[k]) / base : 0;
@@ -87,6 +88,7 @@ static int decide(const stages *s, gcd_param_result *p, int with_e) {
             double rel = base > 0 ? sqrt(s->split[k]) / base : 0;
             p->split_rel = fmax(p->split_rel, rel);
             split &= rel <= tol;
+            p->accumulated |= sqrt(s->ee[k]) > tol * base;   // a backward before the last one gave this rank a gradient
         }
     }
     if (unreduced) return GCD_SC_UNREDUCED;
@@ -119,9 +121,9 @@ int gcd_check_stages(const gcd_check_set *set, gcd_param_result *p, int sharded,
     if (s.ref && s.ref->n != p->n) s.ref = NULL;
     int with_e = every_rank(s.E, W);
     if (every_rank(s.R, W) && every_rank(s.L, W)) {
-        double *buf = gcd_malloc(7 * SCHUNK * sizeof *buf), *acc = gcd_malloc(5 * (size_t)W * sizeof *acc);
+        double *buf = gcd_malloc(7 * SCHUNK * sizeof *buf), *acc = gcd_malloc(6 * (size_t)W * sizeof *acc);
         s.mL = buf, s.mE = buf + SCHUNK, s.mR = buf + 2 * SCHUNK, s.r = buf + 3 * SCHUNK, s.v = buf + 4 * SCHUNK, s.w = buf + 5 * SCHUNK, s.e = buf + 6 * SCHUNK;
-        s.own = acc, s.split = acc + W, s.dref = acc + 2 * W, s.rr = acc + 3 * W, s.ll = acc + 4 * W;
+        s.own = acc, s.split = acc + W, s.dref = acc + 2 * W, s.rr = acc + 3 * W, s.ll = acc + 4 * W, s.ee = acc + 5 * W;
         for (uint64_t at = 0; !rc && at < p->n; at += SCHUNK) rc = chunk(&s, at, p->n - at < SCHUNK ? (size_t)(p->n - at) : SCHUNK, with_e);
         if (!rc) p->stage_cause = decide(&s, p, with_e);
         for (int k = 0; k < W; k++) {

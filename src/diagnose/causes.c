@@ -102,6 +102,34 @@ static int double_reduced(const gcd_run_result *res) {
     return 1;
 }
 
+// The forward right per the losses check records: the ranks' mean loss is the single-process objective
+static int loss_is_objective(const gcd_run_result *res, double factor) {
+    return res->loss_known && fabs(res->loss_mean * factor - res->loss_ref) <= fmax(1e-4, 10 * res->tol) * fmax(1e-30, fabs(res->loss_ref));
+}
+
+// A gather whose backward keeps only the own rows, from the losses: every rank's loss is the same value, the
+// single-process objective (the forward gathered the world's batch), and not the mean of what the batches give
+// alone (that would be a loss all-reduced in the forward): without those (check_ddp records them) nothing is named
+static int gathered_own_rows(const gcd_run_result *res) {
+    const double *l = res->rank_loss, *s = res->shard_loss;
+    if (!l || res->world < 2 || !loss_is_objective(res, 1) || double_reduced(res)) return 0;
+    for (int k = 0; k < res->world; k++)
+        if (!(fabs(l[k] - l[0]) <= 1e-6 * fmax(fabs(l[0]), 1e-30))) return 0;
+    if (!s) return 0;
+    double mean = 0;
+    for (int k = 0; k < res->world; k++) mean += s[k] / res->world;
+    return fabs(l[0] - mean) > fmax(1e-4, 10 * res->tol) * fmax(fabs(mean), 1e-30);
+}
+
+// every rank's loss is f x what its batch gives alone in one process (check_ddp's gradcheck.shard_losses)
+static int rank_loss_is_shard(const gcd_run_result *res, double f) {
+    const double *l = res->rank_loss, *s = res->shard_loss;
+    if (!l || !s) return 0;
+    for (int k = 0; k < res->world; k++)
+        if (!(fabs(l[k] - f * s[k]) <= fmax(1e-4, 10 * res->tol) * fmax(fabs(f * s[k]), 1e-30))) return 0;
+    return 1;
+}
+
 // What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
 // "(= 1/world)": their cause is the gather mode, which the table names
 static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int words) {
@@ -118,7 +146,22 @@ static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int word
                          "divided by the world, and DDP averaged over the ranks again. Fix: backward each rank's own loss (DDP "
                          "averages the gradients); all-reduce a detached copy for logging (l = loss.detach().clone(); "
                          "dist.all_reduce(l); l /= world)", res->rank_loss[0], lo, hi);
-    } else if (fabs(c * world - 1) <= 1e-6)
+    } else if (fabs(c * world - 1) <= 1e-6 && gathered_own_rows(res)) {
+        gcd_sb_printf(m, " (= 1/world): a gather whose backward keeps only the rank's own rows: every rank's loss is the same value, "
+                         "%.6g, the single-process objective (the forward gathered the world's batch, and is right), but each rank's "
+                         "backward reached only its own rows (dist.all_gather with the own slot put back, Lightning's "
+                         "all_gather(sync_grads=False), lightly's GatherLayer before its fix). Fix: gather with a backward that sums "
+                         "every rank's gradient for each slot: torch.distributed.nn.functional.all_gather (Lightning's "
+                         "all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)", res->rank_loss[0]);
+    } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1))
+        gcd_sb_printf(m, " (= 1/world): a loss summed over rows where the reference averages: each rank's loss is what its batch "
+                         "gives alone, and their mean %.6g is the single-process objective %.6g / world. Fix: average the loss over "
+                         "the rank's rows (.mean(), reduction=\"mean\"), or sum in the reference too", res->loss_mean, res->loss_ref);
+    else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1.0 / world))
+        gcd_sb_printf(m, " (= 1/world): each rank's loss is what its batch gives alone divided by the world: a loss divided by the "
+                         "world before backward, where DDP already averages the gradients over the ranks. Fix: backward each rank's "
+                         "own loss, undivided");
+    else if (fabs(c * world - 1) <= 1e-6)
         gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
                          "only the rank's own rows, or a gradient divided by the world twice");
     else if (world > 1 && fabs(c - world) <= 1e-6 * world)

@@ -46,6 +46,17 @@ static int forward_differs(const gcd_verdict_ctx *v) {
     return res->loss && fabs(mean_loss(res, res->loss) - res->ref_loss) > res->tol * fmax(1.0, fabs(res->ref_loss));
 }
 
+// check: the ranks' mean loss (gradcheck.loss) is not the reference's objective while some gradient is wrong (neither
+// the reference nor a multiple of it): the ranks together computed another objective. Not where the step drew
+// random masks or normalised with per-rank batch statistics (their own findings say so)
+static int is_wrong(const gcd_param_result *p, const void *arg) { (void)arg; return p->status == GCD_ST_MISMATCH && !p->explained; }
+static int objective_differs(const gcd_verdict_ctx *v) {
+    const gcd_run_result *res = v->res;
+    if (!v->check || !res->loss_known || res->nondeterministic || res->batchnorm || res->no_ref) return 0;
+    double tol = fmax(1e-4, 10 * res->tol) * fmax(1e-30, fabs(res->loss_ref));
+    return fabs(res->loss_mean - res->loss_ref) > tol && gcd_names_count(res, is_wrong, NULL) > 0;
+}
+
 // the first step whose loss is not finite on some rank (-1: none)
 static int diverged_at(const gcd_run_result *res) {
     for (int s = 0; s < res->nloss; s++)
@@ -135,6 +146,18 @@ static void say_forward(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m
     (void)j, (void)ids;
     gcd_sb_printf(m, "the ranks' mean loss %.9g differs from the single-process objective %.9g: the forward itself is wrong",
                   mean_loss(v->res, v->res->loss), v->res->ref_loss);
+}
+
+static void say_objective(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
+    (void)j, (void)ids;
+    gcd_sb_printf(m, "the ranks' mean loss %.7g is not the single-process objective %.7g (gradcheck.loss), and %d gradient%s "
+                     "neither the reference nor a multiple of it: the ranks together computed another objective. Likely a loss "
+                     "normalised by each rank's own count (a per-rank token or sample mean where the global mean is meant: with "
+                     "unequal counts the ranks' mean is not the mean over the world), or a forward that differs on some ranks. Fix: "
+                     "divide the rank's summed loss by the world's count (all_reduce the count) times the world, as DDP averages, and "
+                     "give check_ddp reference= that objective; if the per-rank objective is meant, give it as reference=",
+                  v->res->loss_mean, v->res->loss_ref, gcd_names_count(v->res, is_wrong, NULL),
+                  gcd_plural(gcd_names_count(v->res, is_wrong, NULL), " is", "s are"));
 }
 
 static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None on every rank where the reference has one (or there is none to ask)
@@ -302,6 +325,13 @@ static double most(const gcd_run_result *res, const gcd_judged *j, int split) {
     return x;
 }
 
+// some picked parameter's local dumps hold a gradient accumulated before the last backward
+static int accumulated(const gcd_run_result *res, const gcd_judged *j) {
+    for (int i = 0; i < res->nparam; i++)
+        if (j->pick(&res->param[i], NULL) && res->param[i].accumulated) return 1;
+    return 0;
+}
+
 static void say_unreduced(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
     (void)ids;
     const gcd_run_result *res = v->res;
@@ -310,7 +340,14 @@ static void say_unreduced(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb 
                      "it (relative difference %.2g at most), so the ranks hold different gradients",
                   j->names, gcd_plural(j->n, "it", "them"), gcd_reducer_words(res->wrapper), most(res, j, 0));
     say_against_ref(res, most_different(res, j), m);
-    if (all)
+    if (all && accumulated(res, j))
+        gcd_sb_printf(m, ". No parameter was all-reduced, and the local dumps show backward calls before the last one (a gradient "
+                         "accumulated before it: NAME@earlier): every backward of the accumulation ran unsynced, the last micro-batch's "
+                         "forward inside model.no_sync() too (or with require_backward_grad_sync False), or the forward went around the "
+                         "DDP wrapper (a method of model.module). Fix: run every micro-batch but the last, forward and backward, inside "
+                         "model.no_sync(), and the last one outside it (or set model.require_backward_grad_sync = (i == K - 1) before "
+                         "each forward); reach the model through model(...)");
+    else if (all)
         gcd_sb_printf(m, ". No parameter was all-reduced: the forward went around the DDP wrapper (a method of model.module called "
                          "directly, e.g. model.module.loss(...)), or every backward of the step ran under no_sync(). Fix: call the "
                          "wrapper, model(...), and compute the loss from its output (or move that method into forward): DDP syncs "
@@ -486,6 +523,7 @@ static const judgement judgements[] = {
     { "disagree",         NULL,             part_own,           PER_ALL, say_part_own },
     { "disagree",         NULL,             is_disagree,        PER_ALL, say_disagree },
     { "scaled",           NULL,             is_scaled,          PER_OWN, gcd_cause_scaled },   // one per distinct scale
+    { "mismatch",         objective_differs, NULL,              PER_RUN, say_objective },   // before the tensors it explains
     { "own_slot",         own_slot_like,    grouped_mismatch,   PER_OWN, gcd_cause_own_slot },   // one finding for the cause
     { "mismatch",         ran_batchnorm,    batchnorm_differs,  PER_OWN, gcd_cause_batchnorm },
     { "mismatch",         many_mismatches,  grouped_mismatch,   PER_OWN, gcd_cause_mismatch_groups },

@@ -88,6 +88,7 @@ typedef struct {
     double *own_rel;              // (world) stage_cause set: ||R_k - L_k|| / max(||R_k||, ||L_k||), else NULL
     double *ref_rel;              // (world) stage_cause set: ||R_k - r|| / ||r|| (NAN without a reference), else NULL
     double split_rel;             // stage_cause set: max_k ||R_k - (mean E + L_k - E_k)|| / max(..), NAN without E
+    int accumulated;              // stage_cause set: 1 where some rank's gradient accumulated before the last backward (E) is not zero
     int tp_split;                 // run, a tensor-parallel probe: 1 sharded (reduced is the sum of the ranks' pieces), 2 replicated, else 0
     // run only (probes): the forward graph (run.c), and where the gradient goes wrong (blame.c)
     gcd_path *rank_path;          // (world) each rank's shortest path to its loss; n 0 where it does not use the parameter
