@@ -1140,7 +1140,7 @@ def sk_row(g, k=SK, start=0, shape=None, dtype=1, seed=3):
 def sk_meta(rank, world, params, k=SK, seed=0, stage="reduced", **extra):
     m = w.meta(rank, world, stage, params)
     m.update({"gradcheck.sketch": str(k), "gradcheck.seed": str(seed), "gradcheck.precision": "fp32",
-              "gradcheck.projections": "torch-generator/cpu"})
+              "gradcheck.projections": "sign-hash/4096"})
     m.update(extra)
     return m
 
@@ -1242,7 +1242,7 @@ def sketch_refused_mixed_and_hostile():
     s1 = sk_dump(os.path.join(TMP, "sk-seed1.safetensors"), {"w": sk_row(g)}, seed=1)
     expect([good, "--ref", s1], 2, "seed 1", "share K and seed")
     gpu = sk_dump(os.path.join(TMP, "sk-gpu.safetensors"), {"w": sk_row(g)}, **{"gradcheck.projections": "torch-generator/cuda"})
-    expect([good, "--ref", gpu], 2, gpu, "torch-generator/cuda", "same kind of device")
+    expect([good, "--ref", gpu], 2, gpu, "torch-generator/cuda", "same gradcheck_dist")
     for i, (k, needle) in enumerate((("nan", "'nan'"), ("1e3", "'1e3'"), ("99999999999999999999", "integer from 1 to 4096"),
                                      ("4097", "'4097'"), ("0", "'0'"), ("-8", "'-8'"), (" 8", "' 8'"), ("8x", "'8x'"))):
         p = sk_dump(os.path.join(d, f"k{i}.st"), {"w": sk_row(g)}, k=k)

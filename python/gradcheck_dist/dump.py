@@ -786,19 +786,6 @@ def _sketch_row(name, g, shard, k, seed):
     return row
 
 
-def _projections(grads):
-    """gradcheck.projections: which projections the sketches are, so that check compares only like with like.
-    guard.SKETCH_FAMILY where guard.py names one (device-independent projections); else today's _sketch, drawn
-    with torch's generator of the device the gradient lives on ("torch-generator/cpu", ".../cuda"), which differ."""
-    from . import guard
-
-    family = getattr(guard, "SKETCH_FAMILY", None)
-    if family:
-        return str(family)
-    kinds = sorted({g.device.type for g in grads if g.numel()}) or ["cpu"]  # an empty FSDP1 run has no sketch
-    return "torch-generator/" + "+".join(kinds)
-
-
 def _dump_sketch(model, path, entries, k, seed, stage, rank, world, extra_metadata, dtype, precision):
     if stage != "reduced":
         raise ValueError(f"sketch dumps are of the reduced stage only (each rank's gradient after the reduce), not {stage!r}")
@@ -807,13 +794,15 @@ def _dump_sketch(model, path, entries, k, seed, stage, rank, world, extra_metada
         raise ValueError(f"sketch={k}, seed={seed}: the sketch's size is 1 to 4096, the seed 0 to 2147483647")
     import torch
 
+    from .guard import SKETCH_FAMILY   # what the projections are: check compares only like with like
+
     grads = {n: (g.to(dtype) if dtype is not None and g is not None else g) for n, g, _ in entries}
     prec = precision_name(precision) or infer_precision(model, [g for g in grads.values() if g is not None])
     with torch.no_grad():
         rows = {n: _sketch_row(n, grads[n], s, k, seed) for n, g, s in entries if g is not None}
     meta = {str(a): str(b) for a, b in (extra_metadata or {}).items()}
     meta.update({"gradcheck.sketch": str(k), "gradcheck.seed": str(seed),
-                 "gradcheck.projections": _projections([g for g in grads.values() if g is not None])})
+                 "gradcheck.projections": SKETCH_FAMILY})
     return write_dump(path, rows, [n for n, _, _ in entries], stage, rank, world, meta, None, None, precision=prec,
                       model=model)
 

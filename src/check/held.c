@@ -79,6 +79,11 @@ static int loss_of(const gcd_st_file *f, double *x, char *err, size_t len) {
     return isfinite(*x) ? 1 : 0;
 }
 
+int gcd_ref_multi(const gcd_check_set *set) {
+    const char *w = set->has_ref ? gcd_st_meta(&set->ref, "gradcheck.world") : NULL;
+    return w && strcmp(w, "1") != 0;
+}
+
 int gcd_losses_load(gcd_check_set *set, char *err, size_t len) {
     double sum = 0, x = 0;
     int have = 0, rc;
@@ -87,7 +92,8 @@ int gcd_losses_load(gcd_check_set *set, char *err, size_t len) {
         if (rc) sum += x, have++;
     }
     if (!set->has_ref || (rc = loss_of(&set->ref, &x, err, len)) == 2) return set->has_ref ? rc : 0;
-    set->loss_known = rc && have == set->world;   // every rank's and the reference's, or none
+    set->loss_known = rc && have == set->world && !gcd_ref_multi(set);   // every rank's and the reference's, or none; a
+                                                                          // reference run of several ranks records one rank's
     set->loss_mean = sum / set->world, set->loss_ref = x;
     return 0;
 }

@@ -357,7 +357,7 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->world = W;
     res->tol = set->tol;
     res->classified = 1;
-    res->no_ref = !set->has_ref;
+    res->no_ref = !set->has_ref, res->ref_multi = gcd_ref_multi(set);
     res->nref = set->has_ref + set->has_ref2;
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;

@@ -65,8 +65,8 @@ int gcd_sketch_load(gcd_check_set *set, char *err, size_t len) {
             return fail(err, len, "%s: a sketch of K=%ld with seed %ld, but %s is one of K=%ld with seed %ld: the sketches of one check must share K and "
                                   "seed (dump every run with the same sketch=K and seed)", f->path, k, seed, first->path, k0, seed0);
         if ((proj != NULL) != (proj0 != NULL) || (proj && strcmp(proj, proj0)))   // other projections: their sketches do not compare
-            return fail(err, len, "%s: sketched with projections '%.40s', but %s with '%.40s' (gradcheck.projections): today's sketches drawn on a GPU "
-                                  "and on the CPU differ; dump both runs on the same kind of device", f->path, proj ? proj : "(none)", first->path,
+            return fail(err, len, "%s: sketched with projections '%.40s', but %s with '%.40s' (gradcheck.projections): sketches of other projections do "
+                                  "not compare; dump both runs with the same gradcheck_dist", f->path, proj ? proj : "(none)", first->path,
                         proj0 ? proj0 : "(none)");
     }
     if (!first) return 0;
@@ -261,7 +261,7 @@ static void result_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_re
     res->world = set->world;
     res->tol = set->tol;
     res->classified = 1;
-    res->no_ref = !set->has_ref;
+    res->no_ref = !set->has_ref, res->ref_multi = gcd_ref_multi(set);
     res->nref = set->has_ref;
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;

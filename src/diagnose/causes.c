@@ -70,7 +70,7 @@ void gcd_cause_stage(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
         gcd_sb_printf(m, " before %s (None in %s local dump%s): the all-reduce averaged zeros in %s place, ",
                       gcd_reducer_words(res->wrapper), gcd_plural(missing, "its", "their"), gcd_plural(missing, "", "s"), gcd_plural(missing, "its", "their"));
         if (ok == n) {   // what the reference computes too (it skips them there as well): a note
-            gcd_sb_printf(m, "and the result still matches the single-process reference");
+            gcd_sb_printf(m, "and the result still matches %s", gcd_ref_words(res));
             gcd_finding_emit(res, "note", 0, ids, m);
         } else {
             for (int k = 0; k < res->nparam; k++) res->param[k].explained |= same_cut(&res->param[k], &cut);

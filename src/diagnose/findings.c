@@ -117,6 +117,8 @@ const char *gcd_reducer_words(const char *wrapper) {
     return "the wrapper's gradient reduction";
 }
 
+const char *gcd_ref_words(const gcd_run_result *res) { return res->ref_multi ? "the reference run" : "the single-process reference"; }
+
 const char *gcd_plural(int n, const char *one, const char *many) { return n == 1 ? one : many; }
 
 void gcd_ranks_list(gcd_sb *m, const unsigned char *flag, int want, int world) {

@@ -30,6 +30,7 @@ const char *gcd_plural(int n, const char *one, const char *many);
 // "DDP's all-reduce", "FSDP2's reduce-scatter", ...: the step that reduced the gradients, from what the dumps
 // record (gradcheck.wrapper; NULL: DDP's, as before the dumps recorded it)
 const char *gcd_reducer_words(const char *wrapper);
+const char *gcd_ref_words(const gcd_run_result *res);   // "the single-process reference", or "the reference run"
 
 // appends a finding to res that takes over the strings of msg and ids (ids NULL: no parameters)
 void gcd_finding_emit(gcd_run_result *res, const char *kind, int counts, gcd_sb *ids, gcd_sb *msg);

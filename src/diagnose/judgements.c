@@ -177,10 +177,10 @@ static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
         gcd_sb_printf(m, "; %s %s one", others.s, gcd_plural(have, "still gets", "still get"));
     }
     if (check && !res->no_ref)   // the reference has them: cut on the way
-        gcd_sb_printf(m, "; the single-process reference has a gradient for %s: something between %s and the loss cut the graph "
+        gcd_sb_printf(m, "; %s has a gradient for %s: something between %s and the loss cut the graph "
                          "(a gather under no_grad, such as Lightning's all_gather(sync_grads=False); a plain torch.distributed.all_gather, "
                          "which has no autograd: use torch.distributed.nn.functional.all_gather; or a detach())",
-                      gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
+                      gcd_ref_words(res), gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
     int empty = gcd_names_count(res, held_empty, NULL);
     if (empty) {   // a wrapper's buffer was recorded, and it is zero: no gradient reached it either
         gcd_sb held = { 0 };
@@ -212,21 +212,21 @@ static void say_held(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, g
 }
 
 static void say_ran_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None everywhere, reference included, though its module ran
-    (void)v, (void)ids;
+    (void)ids;
     int n = j->n;
-    gcd_sb_printf(m, "%s %s in the forward (the dumps recorded %s module's forward) but %s no gradient on any rank nor in the "
-                     "single-process reference: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
+    gcd_sb_printf(m, "%s %s in the forward (the dumps recorded %s module's forward) but %s no gradient on any rank nor in "
+                     "%s: something cut %s from the loss in both: torch.utils.checkpoint(use_reentrant=True) "
                      "over inputs that do not require grad (use use_reentrant=False), a torch.no_grad() block, or a detach(); or "
                      "the output is computed and never used by the loss (then freeze %s, requires_grad_(False), or --ignore %s)",
-                  j->names, "ran", gcd_plural(n, "its", "their"), gcd_plural(n, "gets", "get"), gcd_plural(n, "it", "them"),
+                  j->names, "ran", gcd_plural(n, "its", "their"), gcd_plural(n, "gets", "get"), gcd_ref_words(v->res), gcd_plural(n, "it", "them"),
                   gcd_plural(n, "it", "them"), gcd_plural(n, "it", "them"));
 }
 
 static void say_none_in_ref(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // the model's, not the distribution's
-    (void)v, (void)ids;
-    gcd_sb_printf(m, "%s %s no gradient on any rank nor in the single-process reference: unused by the loss, not a "
+    (void)ids;
+    gcd_sb_printf(m, "%s %s no gradient on any rank nor in %s: unused by the loss, not a "
                      "distributed-training defect (--ignore %s to leave %s out)",
-                  j->names, gcd_plural(j->n, "has", "have"), gcd_plural(j->n, "it", "them"), gcd_plural(j->n, "it", "them"));
+                  j->names, gcd_plural(j->n, "has", "have"), gcd_ref_words(v->res), gcd_plural(j->n, "it", "them"), gcd_plural(j->n, "it", "them"));
 }
 
 static void say_partial(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
@@ -299,7 +299,7 @@ static void say_against_ref(const gcd_run_result *res, const gcd_param_result *p
         n += match[k] = p->ref_rel[k] <= ok;
         if (!match[k]) lo = fmin(lo, p->ref_rel[k]), hi = fmax(hi, p->ref_rel[k]);
     }
-    gcd_sb_printf(m, "; against the single-process reference (%s): ", p->name);
+    gcd_sb_printf(m, "; against %s (%s): ", gcd_ref_words(res), p->name);
     if (n) {
         gcd_sb_printf(m, "rank%s ", gcd_plural(n, "", "s"));
         gcd_ranks_list(m, match, 1, res->world);
@@ -414,9 +414,9 @@ static void say_tp_copies(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb 
 }
 
 static void say_mismatch(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {
-    (void)v, (void)ids;
+    (void)ids;
     const gcd_param_result *p = j->p;
-    if (p->ref_none) gcd_sb_printf(m, "%s: the ranks have a gradient but the single-process reference has none (None)", p->name);
+    if (p->ref_none) gcd_sb_printf(m, "%s: the ranks have a gradient but %s has none (None)", p->name, gcd_ref_words(v->res));
     else if (p->n == 1 && p->scale > 0)
         gcd_sb_printf(m, "%s: wrong value: %.6g times the reference's (one value: its ratio is no evidence of a scale factor, and no "
                          "other gradient shows it)", p->name, p->scale);
@@ -462,7 +462,7 @@ static void say_ok(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd
     double worst = 0;
     for (int i = 0; i < res->nparam; i++)
         if (is_ok(&res->param[i], NULL) && res->param[i].rel_err > worst) worst = res->param[i].rel_err;
-    if (j->n == res->nparam) gcd_sb_printf(m, "every parameter matches the single-process reference (max relative error %.2g)", worst);
+    if (j->n == res->nparam) gcd_sb_printf(m, "every parameter matches %s (max relative error %.2g)", gcd_ref_words(res), worst);
     else gcd_sb_printf(m, "%s %s the reference (max relative error %.2g)", j->names, gcd_plural(j->n, "matches", "match"), worst);
 }
 

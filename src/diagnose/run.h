@@ -134,6 +134,8 @@ typedef struct {
     const char *wrapper;              // check: what reduced the gradients, as the dumps record it (gradcheck.wrapper), or NULL
     const char *reduced_by;           // check: that step in words (gcd_reducer_words), or NULL outside check
     double sensitivity;               // check: the largest relative error a tensor could hide (its allowed), NAN: none judged
+    int ref_multi;                    // check: the reference is a rank of a run of several (gradcheck.world > 1: a sketch
+                                      // reference at world W/2), not a single process
     int loss_known;                   // check: every rank's dump and the reference record the step's loss (gradcheck.loss)
     double loss_mean, loss_ref;       // check, loss_known: the ranks' mean loss and the reference's objective
     const double *rank_loss;          // check: (world) the loss each rank's synced backward ran on (gradcheck.loss), or NULL

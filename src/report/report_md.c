@@ -345,7 +345,7 @@ static void findings(gcd_sb *b, const cJSON *doc) {
         }
     }
     if (left) gcd_sb_printf(b, "- ... and %d more findings in the JSON report\n", left);
-    if (!shown && !left) gcd_sb_printf(b, "None: every gradient matches the single-process reference.\n");
+    if (!shown && !left) gcd_sb_printf(b, "None: every gradient matches the reference.\n");
     int met = 0, n = 0;
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "expectations")) {
         n++;
@@ -364,7 +364,7 @@ static void findings(gcd_sb *b, const cJSON *doc) {
 static int clean(const char *status) { return !strcmp(status, "ok") || !strcmp(status, "present"); }
 
 static void tables(gcd_sb *b, const cJSON *runs) {
-    gcd_sb_printf(b, "## Gradients\n\nCell: status, L2 norm of the DDP-mean gradient, and its scale (xC) or cosine against the single-process reference.\n\n");
+    gcd_sb_printf(b, "## Gradients\n\nCell: status, L2 norm of the DDP-mean gradient, and its scale (xC) or cosine against the reference.\n\n");
     int group[MAX_RUNS], ng = gcd_run_groups(runs, group, MAX_RUNS), nruns = cJSON_GetArraySize(runs), hidden = 0;
     if (nruns > MAX_RUNS) gcd_sb_printf(b, "(%d more runs are in the JSON report; the tables show the first %d)\n\n", nruns - MAX_RUNS, MAX_RUNS);
     for (int g = 0; g < ng; g++) {

@@ -243,6 +243,9 @@ def test_world_4_against_world_2_should_agree_for_a_correct_step(runs):
         code, rep = check(os.path.join(runs, "w4", name, "sketch"), "--ref",
                           os.path.join(runs, "w2", name, "sketch", "rank1.safetensors"))
         assert code == 0 and set(verdict(rep)[0].values()) == {"ok"}, (name, verdict(rep))
+        # the reference is a rank of a world-2 run, and the report says so
+        words = " ".join(f["message"] for f in rep["runs"][0]["findings"])
+        assert "matches the reference run" in words and "single-process" not in words, (name, words)
 
 
 def test_world_4_against_world_2_should_disagree_for_a_per_rank_normalised_loss(runs):
@@ -250,6 +253,7 @@ def test_world_4_against_world_2_should_disagree_for_a_per_rank_normalised_loss(
                       os.path.join(runs, "w2", "tok-perrank", "sketch", "rank0.safetensors"))
     statuses, kinds = verdict(rep)
     assert code == 1 and set(statuses.values()) <= {"mismatch", "scaled"} and len(statuses) == 4, statuses
+    assert "single-process" not in json.dumps(rep["runs"][0]["findings"]), rep["runs"][0]["findings"]
 
 
 def test_sketch_dump_should_be_small_and_keep_the_metadata(runs):
@@ -259,9 +263,7 @@ def test_sketch_dump_should_be_small_and_keep_the_metadata(runs):
     assert meta["gradcheck.sketch"] == str(K) and meta["gradcheck.seed"] == "0", meta
     assert meta["gradcheck.stage"] == "reduced" and meta["gradcheck.world"] == "4" and meta["gradcheck.wrapper"] == "ddp"
     assert meta["gradcheck.precision"] == "fp32", meta
-    from gradcheck_dist import guard
-
-    assert meta["gradcheck.projections"] == (getattr(guard, "SKETCH_FAMILY", None) or "torch-generator/cpu"), meta
+    assert meta["gradcheck.projections"] == "sign-hash/4096", meta   # docs/guard.md, The sketch
     assert all(t.dtype == torch.float64 and tuple(t.shape) == (15 + K,) for t in tensors.values())
     # a model of 2.1M parameters: 8.4 MB of float32 gradients, one row of 15 + K float64 per parameter
     torch.manual_seed(0)
