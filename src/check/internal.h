@@ -82,6 +82,7 @@ void gcd_held_free(gcd_check_set *set);
 // gradcheck.loss of every rank and the reference: set->loss_known, loss_mean, loss_ref (2: one is not a number)
 int gcd_losses_load(gcd_check_set *set, char *err, size_t len);
 int gcd_ref_multi(const gcd_check_set *set);   // the reference is a rank of a run of several (gradcheck.world > 1)
+void gcd_result_start(const gcd_check_opts *o, const gcd_check_set *set, gcd_run_result *res);   // scan.c
 
 // ----------------------------------------------------------------------------
 // shards.c: gradcheck.shards, the FSDP maps

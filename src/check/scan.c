@@ -350,11 +350,11 @@ static int scan_param(scan *s, gcd_param_result *p) {
 }
 
 // the result's header and the scan's buffers
-static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, scan *s, char *err, size_t len) {
-    int W = set->world, NF = nfiles(set);
+// the result's header, the full scan's and the sketch scan's (sketch.c)
+void gcd_result_start(const gcd_check_opts *o, const gcd_check_set *set, gcd_run_result *res) {
     memset(res, 0, sizeof *res);
     res->probe = "check";
-    res->world = W;
+    res->world = set->world;
     res->tol = set->tol;
     res->classified = 1;
     res->no_ref = !set->has_ref, res->ref_multi = gcd_ref_multi(set);
@@ -362,6 +362,12 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     res->tol_given = o->tol > 0;
     res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
     res->reduced_by = gcd_reducer_words(set->wrapper);
+    res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
+}
+
+static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, scan *s, char *err, size_t len) {
+    int W = set->world, NF = nfiles(set);
+    gcd_result_start(o, set, res);
     res->loss_known = set->loss_known, res->loss_mean = set->loss_mean, res->loss_ref = set->loss_ref;
     res->rank_loss = set->rank_loss, res->shard_loss = set->shard_loss;
     res->mesh_nd = set->mesh_nd;
@@ -370,7 +376,6 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
         memcpy(res->mesh_names[i], set->mesh_names[i], sizeof res->mesh_names[i]);
         for (int k = 0; k < W; k++) res->mesh_coords[k * set->mesh_nd + i] = set->mesh_coords[k * 4 + i];
     }
-    res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
     *s = (scan){ .set = set, .local = !strcmp(set->stage, "local"), .err = err, .len = len };
     s->t = gcd_malloc((size_t)NF * sizeof *s->t);
     s->g = gcd_malloc(CHUNK * sizeof(double)), s->r = gcd_malloc(CHUNK * sizeof(double)), s->r2 = gcd_malloc(CHUNK * sizeof(double));

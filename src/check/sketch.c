@@ -254,21 +254,6 @@ static int judge_param(const gcd_check_opts *o, sk_scan *s, int j, gcd_param_res
     return 0;
 }
 
-// the result's header, as the full scan's (scan.c scan_start)
-static void result_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res) {
-    memset(res, 0, sizeof *res);
-    res->probe = "check";
-    res->world = set->world;
-    res->tol = set->tol;
-    res->classified = 1;
-    res->no_ref = !set->has_ref, res->ref_multi = gcd_ref_multi(set);
-    res->nref = set->has_ref;
-    res->tol_given = o->tol > 0;
-    res->nondeterministic = set->nondeterministic, res->batchnorm = set->batchnorm, res->wrapper = set->wrapper;
-    res->reduced_by = gcd_reducer_words(set->wrapper);
-    res->param = gcd_malloc((size_t)(set->nparams ? set->nparams : 1) * sizeof *res->param);
-}
-
 static int unchanged(const gcd_check_set *set, char *err, size_t len) {
     for (int k = 0; k < set->world; k++)
         if (gcd_st_unchanged(&set->rank[k], err, len)) return 2;
@@ -277,7 +262,7 @@ static int unchanged(const gcd_check_set *set, char *err, size_t len) {
 
 int gcd_check_sketch_scan(const gcd_check_opts *o, gcd_check_set *set, gcd_run_result *res, char *err, size_t len) {
     int W = set->world, NF = nfiles(set), rc = 0, pooled = 0;
-    result_start(o, set, res);
+    gcd_result_start(o, set, res);
     sk_scan s = { .set = set, .k = set->sketch_k, .w = GCD_SK_COLS + set->sketch_k, .err = err, .len = len };
     s.raw = gcd_malloc((size_t)(W + 1) * (size_t)s.w * sizeof *s.raw), s.got = gcd_malloc((size_t)W + 1);
     s.grow = gcd_malloc((size_t)W * (size_t)(GCD_GUARD_COLS + s.k) * sizeof *s.grow);
