@@ -128,16 +128,17 @@ def earlier_tensors_of_unlisted_names_are_refused():
     expect([f"{d}/local", f"{d}/reduced", "--ref", refp], 2, "tensor 'nope@earlier' is not in gradcheck.params")
 
 
-def with_losses(d, losses, shard_losses):
-    """x1/world reduced dumps (world 4) recording each rank's loss, and a reference recording the batches' own"""
+def with_losses(d, losses, shard_losses, scale=W, rank_meta=None, ref_meta=None):
+    """x1/scale (1/world) reduced dumps (world 4) recording each rank's loss, and a reference recording the batches'
+    own; rank_meta, ref_meta: more metadata (the reference's gradcheck.loss, gradcheck.accumulate, ...)"""
     os.makedirs(d, exist_ok=True)
     ref = grads()
     for k in range(W):
-        m = w.meta(k, W, "reduced", NAMES)
+        m = {**w.meta(k, W, "reduced", NAMES), **(rank_meta or {})}
         if losses is not None:
             m["gradcheck.loss"] = losses[k]
-        w.write_dump(f"{d}/rank{k}.safetensors", {n: v / np.float32(W) for n, v in ref.items()}, metadata=m, params=NAMES)
-    m = w.meta(0, 1, "reduced", NAMES)
+        w.write_dump(f"{d}/rank{k}.safetensors", {n: v / np.float32(scale) for n, v in ref.items()}, metadata=m, params=NAMES)
+    m = {**w.meta(0, 1, "reduced", NAMES), **(ref_meta or {})}
     if shard_losses is not None:
         m["gradcheck.shard_losses"] = shard_losses
     return w.write_dump(f"{d}.ref.safetensors", ref, metadata=m, params=NAMES)
@@ -160,6 +161,25 @@ def recorded_losses_name_a_double_reduction_and_bad_ones_are_exit_2():
     expect([f"{d}/short", "--ref", refp], 2, "gradcheck.shard_losses is not a list of 4 numbers")
     refp = with_losses(f"{d}/str", ["0.5"] * W, '[0.3, "0.4", 0.6, 0.7]')
     expect([f"{d}/str", "--ref", refp], 2, "gradcheck.shard_losses[1] is not a finite number")
+
+
+@case
+def recorded_losses_name_a_summed_loss_only_against_the_steps_own_objective():
+    d = t.fresh("summed")
+    own, shards = ["0.3", "0.4", "0.6", "0.7"], "[0.3, 0.4, 0.6, 0.7]"   # each rank's loss its batch's own; mean 0.5
+    refp = with_losses(f"{d}/w", own, shards, ref_meta={"gradcheck.loss": "2.0"})   # the objective: mean x world
+    expect([f"{d}/w", "--ref", refp], 1, "x0.25 (= 1/world): a loss summed over rows")
+    refp = with_losses(f"{d}/k", own, shards, 8, {"gradcheck.accumulate": "2"}, {"gradcheck.loss": "4.0"})
+    text, _ = expect([f"{d}/k", "--ref", refp], 1, "(= 1/(world x 2 accumulation steps)): a loss summed over rows")
+    need("gradient accumulation steps where" not in text, text)
+    for name, scale, acc, loss in (("wo", W, {}, "2.0"), ("ko", 8, {"gradcheck.accumulate": "2"}, "4.0")):
+        refp = with_losses(f"{d}/{name}", own, shards, scale, acc, {"gradcheck.loss": loss, "gradcheck.objective": "reference"})
+        text, _ = expect([f"{d}/{name}", "--ref", refp], 1, "x0.125" if scale == 8 else "x0.25")
+        need("world): a loss summed over rows" not in text and "steps)): a loss summed" not in text, text)   # not the step's
+    refp = with_losses(f"{d}/bad-k", own, shards, 8, {"gradcheck.accumulate": "0"}, {"gradcheck.loss": "4.0"})
+    expect([f"{d}/bad-k", "--ref", refp], 2, "metadata gradcheck.accumulate is '0', not a count of micro-batches")
+    refp = with_losses(f"{d}/bad-o", own, shards, ref_meta={"gradcheck.loss": "2.0", "gradcheck.objective": "mine"})
+    expect([f"{d}/bad-o", "--ref", refp], 2, "metadata gradcheck.objective is 'mine', not 'step' or 'reference'")
 
 
 def main():

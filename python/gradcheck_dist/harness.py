@@ -529,7 +529,7 @@ def _reference(make_model, step, batch, seed, outdir, precision, references, obj
                             f"must return the loss, a scalar tensor, not {type(loss).__name__}"
                             f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}")
         loss.backward()
-        extra = {}
+        extra = {"gradcheck.objective": "reference"} if objective is not None else {}   # not step(model, batch, 0, 1)
         if order == "permuted":
             extra["gradcheck.order"] = "permuted"
         elif world:
@@ -608,7 +608,8 @@ def _ddp_worker(rank, world, payload, seed, outdir, initfile, timeout, precision
             if cap is not None:
                 cap.dump(os.path.join(outdir, "local", f"rank{rank}.safetensors"), precision=precision)
             loss = sum(losses) if losses and None not in losses else None   # the rank's loss of the step: gradcheck.loss
-            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision, loss=loss)
+            dump_grads(ddp, os.path.join(outdir, "reduced", f"rank{rank}.safetensors"), precision=precision, loss=loss,
+                       extra_metadata={"gradcheck.accumulate": str(accumulate)} if accumulate > 1 else None)
         finally:
             dist.destroy_process_group()
     _child("ref" if rank is None else f"rank{rank}", outdir, body)

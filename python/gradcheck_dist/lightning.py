@@ -50,7 +50,8 @@ class _GradcheckDump:
     """Writes DIRPATH/rank{r}.safetensors in on_after_backward at global step `step` (once).
 
     Under DDP it also writes DIRPATH/local/rank{r}.safetensors: each rank's own gradient before the
-    all-reduce (LocalGradCapture, summed over the step's micro-batches), which says which ranks gave none:
+    all-reduce (LocalGradCapture, summed over the step's micro-batches; with accumulate_grad_batches > 1 the part
+    before the last backward also as NAME@earlier, LocalGradCapture.mark()), which says which ranks gave none:
     `gradcheck-dist check DIRPATH DIRPATH/local --ref ...` reads both stages and leads with them.
     Under DDP the gradients are already all-reduced in on_after_backward: stage "reduced" (with
     accumulate_grad_batches > 1 the dump waits for the micro-batch whose backward is all-reduced;
@@ -110,6 +111,9 @@ class _GradcheckDump:
             self._local = LocalGradCapture(pl_module)   # from the step's first micro-batch
 
     def on_before_backward(self, trainer, pl_module, loss):
+        should_accumulate = getattr(trainer.fit_loop, "_should_accumulate", lambda: False)
+        if self._local is not None and self._losses and not should_accumulate():
+            self._local.mark()   # the step's last, all-reduced backward: what came before is NAME@earlier
         if self._started and self.written is None:
             try:
                 self._losses.append(float(loss.detach()) if loss.numel() == 1 else None)

@@ -58,6 +58,8 @@ typedef struct {
     double loss_mean, loss_ref;
     double *rank_loss;          // (world) gradcheck.loss of each rank's judged dump (the loss its synced backward ran on), or NULL
     double *shard_loss;         // (world) the reference's gradcheck.shard_losses: what each rank's batch gives alone, or NULL
+    int accumulate;             // gradcheck.accumulate of rank 0's judged dump: the micro-batches of its step (1: none recorded)
+    int ref_objective;          // the reference's gradcheck.objective is "reference": its loss is check_ddp(reference=fn)'s, not the step's
     uint64_t bytes;             // data bytes scanned
     int mesh_nd;                // gradcheck.mesh: its dimensions (0: none)
     char mesh_names[4][16];     // (mesh_nd)

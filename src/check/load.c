@@ -122,6 +122,19 @@ static int load_recorded(gcd_check_set *set, char *err, size_t len) {
 // each rank's loss, and what each rank's batch gives alone; either absent anywhere: none (NULL)
 static int load_losses(gcd_check_set *set, char *err, size_t len) {
     int W = set->world;
+    const char *acc = gcd_st_meta(&set->rank[0], "gradcheck.accumulate");   // check_ddp(accumulate=K), K > 1
+    set->accumulate = 1;
+    if (acc) {
+        char *end = NULL;
+        long k = strtol(acc, &end, 10);
+        if (end == acc || *end || k < 1 || k > 1 << 20)
+            return fail(err, len, "%s: metadata gradcheck.accumulate is '%.40s', not a count of micro-batches (1 to 1048576)", set->rank[0].path, acc);
+        set->accumulate = (int)k;
+    }
+    const char *obj = set->has_ref ? gcd_st_meta(&set->ref, "gradcheck.objective") : NULL;   // check_ddp(reference=fn)
+    if (obj && strcmp(obj, "step") && strcmp(obj, "reference"))
+        return fail(err, len, "%s: metadata gradcheck.objective is '%.40s', not 'step' or 'reference'", set->ref.path, obj);
+    set->ref_objective = obj && !strcmp(obj, "reference");
     const char *sl = set->has_ref ? gcd_st_meta(&set->ref, "gradcheck.shard_losses") : NULL;
     set->rank_loss = gcd_malloc((size_t)W * sizeof(double));
     for (int k = 0; k < W; k++) {

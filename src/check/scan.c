@@ -369,7 +369,8 @@ static void scan_start(const gcd_check_opts *o, gcd_check_set *set, gcd_run_resu
     int W = set->world, NF = nfiles(set);
     gcd_result_start(o, set, res);
     res->loss_known = set->loss_known, res->loss_mean = set->loss_mean, res->loss_ref = set->loss_ref;
-    res->rank_loss = set->rank_loss, res->shard_loss = set->shard_loss;
+    res->rank_loss = set->rank_loss, res->shard_loss = set->shard_loss, res->accumulate = set->accumulate;
+    res->ref_objective = set->ref_objective;
     res->mesh_nd = set->mesh_nd;
     if (set->mesh_nd) res->mesh_coords = gcd_malloc((size_t)W * (size_t)set->mesh_nd * sizeof(int));
     for (int i = 0; i < set->mesh_nd; i++) {

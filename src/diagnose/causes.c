@@ -130,10 +130,17 @@ static int rank_loss_is_shard(const gcd_run_result *res, double f) {
     return 1;
 }
 
+// A loss summed over rows, from the losses: each rank's loss is what its batch gives alone, and their mean x f is the
+// reference's objective, where that objective is the step's own on the whole batch (a step that divides a mean
+// itself, checked against another objective given with check_ddp(reference=fn), reads alike: not named)
+static int summed_rows(const gcd_run_result *res, double f) {
+    return !res->ref_objective && loss_is_objective(res, f) && rank_loss_is_shard(res, 1);
+}
+
 // What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
 // "(= 1/world)": their cause is the gather mode, which the table names
 static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int words) {
-    int e, world = res->world;
+    int e, world = res->world, acc = res->accumulate > 1 ? res->accumulate : 1;
     double f = frexp(c, &e), k = round(c), inv = round(1 / c);
     if (!words) {
         if (fabs(c * world - 1) <= 1e-6) gcd_sb_printf(m, " (= 1/world)");
@@ -153,10 +160,16 @@ static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int word
                          "all_gather(sync_grads=False), lightly's GatherLayer before its fix). Fix: gather with a backward that sums "
                          "every rank's gradient for each slot: torch.distributed.nn.functional.all_gather (Lightning's "
                          "all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)", res->rank_loss[0]);
-    } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1))
+    } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && summed_rows(res, world))
         gcd_sb_printf(m, " (= 1/world): a loss summed over rows where the reference averages: each rank's loss is what its batch "
                          "gives alone, and their mean %.6g is the single-process objective %.6g / world. Fix: average the loss over "
                          "the rank's rows (.mean(), reduction=\"mean\"), or sum in the reference too", res->loss_mean, res->loss_ref);
+    else if (acc > 1 && world > 1 && fabs(c * world * acc - 1) <= 1e-6 && summed_rows(res, world * acc))
+        gcd_sb_printf(m, " (= 1/(world x %d accumulation steps)): a loss summed over rows: the single-process objective %.6g sums "
+                         "the whole batch, each rank's micro-batch losses sum theirs, each divided by the %d steps, and DDP averages "
+                         "over the world (the ranks' mean loss %.6g is the objective / %.0f). Fix: average each micro-batch's loss "
+                         "over its rows (.mean(), reduction=\"mean\"), or sum in the reference too", acc, res->loss_ref, acc,
+                      res->loss_mean, (double)world * acc);
     else if (fabs(c * world - 1) <= 1e-6 && world > 1 && loss_is_objective(res, world) && rank_loss_is_shard(res, 1.0 / world))
         gcd_sb_printf(m, " (= 1/world): each rank's loss is what its batch gives alone divided by the world: a loss divided by the "
                          "world before backward, where DDP already averages the gradients over the ranks. Fix: backward each rank's "
@@ -237,10 +250,12 @@ void gcd_cause_batchnorm(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *
     }
     if (!n) return;
     gcd_sb_printf(m, "%d %s from the reference (or cannot be judged from one), and the step ran plain BatchNorm in training mode (%s): under DDP each rank "
-                      "normalises its rows by their own mean and variance, the single-process reference by the whole batch's, so the two "
+                      "normalises its rows by their own mean and variance, %s, so the two "
                       "compute different objectives; use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (SyncBatchNorm runs on "
                       "CUDA), or check with those layers in eval mode",
-                  n, gcd_plural(n, "parameter differs", "parameters differ"), res->batchnorm);
+                  n, gcd_plural(n, "parameter differs", "parameters differ"), res->batchnorm,
+                  res->ref_multi ? "the reference run's ranks by other splits of the batch"
+                                 : "the single-process reference by the whole batch's");
     gcd_finding_emit(res, "mismatch", 1, ids, m);
 }
 

@@ -141,6 +141,8 @@ typedef struct {
     const double *rank_loss;          // check: (world) the loss each rank's synced backward ran on (gradcheck.loss), or NULL
     const double *shard_loss;         // check: (world) what each rank's batch gives alone in one process (the reference's
                                       // gradcheck.shard_losses), or NULL
+    int accumulate;                   // check: the micro-batches each rank's step was cut into (gradcheck.accumulate; 1: none)
+    int ref_objective;                // check: the reference's loss is a given objective (gradcheck.objective), not the step's
     gcd_probe_cfg cfg;
     int nparam;
     gcd_param_result *param;          // (nparam)

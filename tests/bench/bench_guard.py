@@ -8,7 +8,8 @@ on the machine fall on all three alike; each overhead is the median over rounds 
 
 every=100's overhead is (idle - plain) / plain + (judged - idle) / (100 plain); every=1's is (judged - plain) / plain,
 each term the median over rounds of the round's slowest rank.
-Memory: the guard's own tensors (the summary table, the gathered tables, one chunk's projections), counted, and
+Memory: the guard's own tensors (its caches of signs, read; the summary table, the gathered tables, one chunk's
+projections, the small gradients' float64 stack, counted), and
 the peak RSS one judged check adds in a fresh process holding the model and its gradients (before the ranks start).
 
 usage: GRADCHECK_DIST_LIB=build/libgradcheck_dist.so python tests/bench/bench_guard.py [--rounds 30]
@@ -30,6 +31,8 @@ import torch.multiprocessing as mp
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SRC, "python"))
 from gradcheck_dist.guard import CHUNK, COLS, ROW, guard  # noqa: E402
+
+gguard = sys.modules["gradcheck_dist.guard"]   # the module (the package's attribute `guard` is the function)
 
 WORLD, WIDTH, LAYERS, BATCH, K = 4, 2304, 4, 32, 8
 
@@ -77,9 +80,13 @@ def _rank(rank, port, rounds, steps, out):
     dist.all_gather_object(all_t, {"times": times})
     if rank == 0:
         npar = len(report["runs"][0]["params"])
-        # the guard's tensors: its table and the gathered ones (float64), the column signs w (float32), and one
-        # chunk's R (float64) with the int64 hashes it is drawn from, v and v in float64
-        guard_bytes = 8 * npar * (COLS + K) * (1 + 2 * WORLD) + 4 * ROW + (CHUNK // ROW) * (32 * K + 16)
+        # the guard's tensors: what it keeps from step to step, read from its caches (every large parameter's
+        # column signs w, float32; the small gradients' signs, float64, size x K each), its table and the gathered
+        # ones (float64), and at a check one chunk's R (float64) with the int64 hashes it is drawn from, v and v
+        # in float64, and the small gradients stacked in float64
+        kept = sum(t.numel() * t.element_size() for cache in (gguard._W, gguard._SMALL) for t in cache.values())
+        small = sum(p.numel() for p in guarded.parameters() if p.numel() <= ROW)
+        guard_bytes = kept + 8 * npar * (COLS + K) * (1 + 2 * WORLD) + (CHUNK // ROW) * (32 * K + 16) + 8 * small
         slow = {k: [max(t["times"][k][i] for t in all_t) for i in range(rounds * steps)] for k in times}  # the step ends at the barrier
         med = {k: statistics.median(v) for k, v in slow.items()}
         ratio = {k: statistics.median((a - b) / b for a, b in zip(slow[k], slow["plain"])) for k in ("idle", "judged")}
@@ -90,7 +97,7 @@ def _rank(rank, port, rounds, steps, out):
                "overhead_every1": ratio["judged"],
                "overhead_every100": ratio["idle"] + judged_vs_idle / 100,
                "overhead_idle": ratio["idle"],
-               "guard_bytes": guard_bytes, "gradient_bytes": 4 * nparam,
+               "guard_bytes": guard_bytes, "guard_bytes_kept": kept, "gradient_bytes": 4 * nparam,
                "result": report["result"]}
         with open(out, "w") as f:
             json.dump(res, f)
@@ -151,7 +158,8 @@ def main():
     print(f"median step: plain {m['plain'] * 1e3:.0f} ms, guard idle {m['idle'] * 1e3:.0f} ms, guard judging {m['judged'] * 1e3:.0f} ms")
     print(f"overhead: every=1 {100 * res['overhead_every1']:.1f} %, every=100 {100 * res['overhead_every100']:.2f} % "
           f"(of which the hooks and the call at a step not judged: {100 * res['overhead_idle']:.2f} %)")
-    print(f"guard memory {res['guard_bytes'] / 1024:.0f} KiB per rank (a gradient copy would be {res['gradient_bytes'] / 2**20:.0f} MiB); "
+    print(f"guard memory {res['guard_bytes'] / 1024:.0f} KiB per rank at a check, {res['guard_bytes_kept'] / 1024:.0f} KiB of it kept "
+          f"between checks (a gradient copy would be {res['gradient_bytes'] / 2**20:.0f} MiB); "
           f"one judged check adds {res['peak_rss_added_kib']} KiB of peak RSS")
     print(f"one process, one thread: forward + backward {res['fwd_bwd_seconds_one_process'] * 1e3:.1f} ms, a judged check "
           f"{res['check_seconds_one_process'] * 1e3:.1f} ms ({100 * res['check_over_fwd_bwd_one_process']:.1f} % of it)")

@@ -30,6 +30,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+from spawned import leave  # noqa: E402  (tests/torch, this script's directory)
 W, B, DI, DT, E = 4, 2, 6, 5, 4
 SCENARIOS = {"a": "grad", "b": "nograd", "c": "own", "d": "grad", "e": "grad"}
 WRITERS = ("safetensors", "builtin")
@@ -169,6 +170,7 @@ def worker(rank, out, initfile):
             dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave()   # tests/torch/spawned.py: past interpreter exit
 
 
 def run_ddp(out):

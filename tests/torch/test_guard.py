@@ -8,10 +8,10 @@ usage: GRADCHECK_DIST_LIB=build/libgradcheck_dist.so python -m pytest -q tests/t
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pytest
 import torch
@@ -23,16 +23,11 @@ SRC = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SRC, "python"))
 import gradcheck_dist  # noqa: E402
 from gradcheck_dist.guard import CHUNK, GradcheckFinding, _sketch, guard  # noqa: E402
+from spawned import free_port, leave  # noqa: E402  (tests/torch)
 
 WORLD = 4
 B, DI, DT, E = 8, 12, 10, 6
 TIMEOUT = 300  # seconds for a whole multi-rank case
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Clip(torch.nn.Module):
@@ -113,6 +108,7 @@ def _rank(rank, case, seed, steps, outdir, port):
         json.dump(out, f)
     dist.barrier()  # every rank done with gloo before any tears it down (an abort in teardown under load)
     dist.destroy_process_group()
+    leave()
 
 
 def run_case(case, seed=0, steps=6):
@@ -376,6 +372,7 @@ def _fsdp2_rank(rank, outdir, port):
         json.dump(out, f)
     dist.barrier()  # every rank done with gloo before any tears it down (an abort in teardown under load)
     dist.destroy_process_group()
+    leave()
 
 
 def test_fsdp2_shards_should_combine_to_the_whole_and_locate_a_nan():
@@ -449,6 +446,7 @@ def _fsdp1_rank(rank, world, orig, outdir, port):
         json.dump(out, f)
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
+    leave()
 
 
 @pytest.mark.parametrize("orig", [True, False])
@@ -481,3 +479,84 @@ def test_fsdp1_flat_shards_should_combine_per_parameter_and_catch_a_dropped_grad
         assert x["dropped"] and [d[:2] for d in x["dropped"]] == [["zero", ["2.weight"]]], x
         assert x["dropped"][0][2].startswith("step 1: 2.weight gets a gradient of exactly zero"), x["dropped"]
         assert x["text"].startswith("gradcheck_dist.guard, ranks [0, 1]: step 1: 2.weight"), x["text"]
+
+
+# ---- one process, no process group: docs/guard.md's "Use" block as written, and what it lists under it
+
+
+class Detached(torch.nn.Module):
+    """The seed's bug in one process: the encoder's output detached before the loss (as a no_grad gather would),
+    so only `scale` learns. `fixed=True`: the same model, nothing detached."""
+
+    def __init__(self, fixed=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc, self.scale, self.fixed = torch.nn.Linear(6, 4), torch.nn.Parameter(torch.tensor(2.0)), fixed
+
+    def forward(self, x):
+        z = self.enc(x)
+        return (self.scale * (z if self.fixed else z.detach())).pow(2).mean()
+
+
+def loader_of(n):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(8, 6, generator=g) for _ in range(n)]
+
+
+def test_use_block_in_guard_md_as_written_should_stop_the_seed_bug_at_step_0():
+    from doc_recipes import blocks
+
+    (block,) = blocks("Use", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "guard.md"))
+    for fixed in (True, False):
+        model = Detached(fixed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ns = {"model": model, "loader": loader_of(3), "optimizer": optimizer}
+        if fixed:
+            exec(block, ns)   # three steps, step 0 guarded: clean
+            assert ns["g"].last["result"] == "pass" and ns["step"] == 2, ns["g"].last["result"]
+            continue
+        with pytest.raises(GradcheckFinding) as e:
+            exec(block, ns)
+        assert e.value.step == 0 and float(model.scale) == 2.0, "raised at step 0, before its optimizer.step()"
+        assert "enc.weight" in str(e.value) and "scale" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("how", ["warn", "log"])
+def test_warn_and_log_should_report_and_let_training_go_on(how, caplog):
+    model = Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = guard(model, every=2, on_finding=how)
+    seen = []
+    for step, x in enumerate(loader_of(4)):
+        model(x).backward()
+        if how == "warn":
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                g.check(step)
+            seen += [str(m.message) for m in w if m.category is RuntimeWarning and "gradcheck_dist.guard" in str(m.message)]
+        else:
+            g.check(step)
+        opt.step()
+        opt.zero_grad()
+    if how == "log":
+        seen = [r.getMessage() for r in caplog.records if r.name == "gradcheck_dist.guard" and r.levelname == "ERROR"]
+    assert [s.split(": ")[1].split(" ")[1] for s in seen] == ["0", "2"], seen   # "...: step N: ..." at steps 0 and 2
+    assert all("enc.weight" in s for s in seen), seen
+
+
+def test_optimizer_pre_hook_should_check_before_the_step():
+    model = Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if not hasattr(opt, "register_step_pre_hook"):
+        with pytest.raises(RuntimeError, match="register_step_pre_hook"):
+            guard(model, every=1, optimizer=opt)
+        return
+    g = guard(model, every=1, optimizer=opt)
+    model(loader_of(1)[0]).backward()
+    before = model.scale.detach().clone()
+    with pytest.raises(GradcheckFinding, match="enc.weight"):
+        opt.step()
+    assert torch.equal(model.scale.detach(), before), "the optimizer stepped past the finding"
+    g.remove()
+    opt.step()
+    assert not torch.equal(model.scale.detach(), before), "the removed hook still stops the step"

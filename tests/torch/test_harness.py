@@ -20,6 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
 import gradcheck_dist  # noqa: E402
 from gradcheck_dist import GradcheckFailure, check_ddp, check_lightning  # noqa: E402
+from doc_recipes import run_section  # noqa: E402  (tests/torch: pytest puts it on sys.path)
 
 ENC = ["img.weight", "img.bias", "txt.weight", "txt.bias"]
 B, DI, DT, E = 2, 6, 5, 4  # B samples per rank
@@ -259,9 +260,9 @@ def mlp_batch():
     return torch.randn(16, 6, generator=g), torch.randn(16, generator=g)
 
 
-def test_accumulate_should_pass_a_mean_loss_over_micro_batches():
-    out = check_ddp(make_mlp, step_mean, mlp_batch(), world=2, accumulate=2)
-    assert out is not None
+def test_accumulation_recipe_in_python_md_as_written():
+    (line, report), = run_section("Gradient accumulation", globals())   # the doc's step_mean, its "# passes"
+    assert "accumulate=2" in line and report["result"] == "pass", report["result"]
 
 
 def test_accumulate_should_show_a_summed_loss_divided_by_world_and_k():
@@ -269,6 +270,21 @@ def test_accumulate_should_show_a_summed_loss_divided_by_world_and_k():
         check_ddp(make_mlp, step_sum, mlp_batch(), world=2, accumulate=2)
     scales = [p["scale"] for p in e.value.report["runs"][0]["params"]]
     assert all(abs(c - 0.25) < 1e-4 for c in scales), scales   # 1/(world x K): the micro-batches' 1/K too
+    first = e.value.report["runs"][0]["findings"][0]["message"]   # named from gradcheck.accumulate and the losses
+    assert "(= 1/(world x 2 accumulation steps)): a loss summed over rows" in first, first
+    assert "Fix: average each micro-batch's loss over its rows" in first and "divided by 4 gradient" not in first, first
+
+
+def step_mean_quarter(model, batch, rank, world):  # a mean divided by 4 itself: x1/4 against the undivided objective
+    return step_mean(model, batch, rank, world) / 4
+
+
+def test_accumulate_should_not_call_a_divided_mean_a_summed_loss():
+    with pytest.raises(GradcheckFailure) as e:   # the same x0.25, but each rank's loss is not its rows' sum
+        check_ddp(make_mlp, step_mean_quarter, mlp_batch(), world=2, accumulate=2,
+                  reference=lambda model, batch: step_mean(model, batch, 0, 1) / 2)
+    first = e.value.report["runs"][0]["findings"][0]["message"]
+    assert "x0.5 (= 1/world): what a loss summed over rows gives" in first, first   # the list of what it can be, none named
 
 
 def test_accumulate_should_refuse_what_is_not_a_count():
@@ -293,11 +309,10 @@ def test_a_rank_that_skips_the_backward_should_be_named_at_once():
     import time
 
     t0 = time.monotonic()
-    with pytest.raises(GradcheckFailure) as e:
-        check_ddp(make_mlp, step_skip_rank1, mlp_batch(), world=2, timeout=120)
+    (line, e), = run_section("A rank that skips the synced backward", globals())   # docs/python.md, as written
     assert time.monotonic() - t0 < 60, "waited for the timeout"
-    assert "rank 1 never joined DDP's all-reduce" in str(e.value) and "every rank runs the synced backward" in str(e.value)
-    assert e.value.report["runs"][0]["findings"][0]["ranks"] == [1]
+    assert "timeout=120" in line and "every rank runs the synced backward" in str(e), str(e)
+    assert e.report["runs"][0]["findings"][0]["ranks"] == [1]
 
 
 def test_a_rank_that_raises_should_stay_a_harness_error():

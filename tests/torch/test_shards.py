@@ -157,6 +157,15 @@ def mlp_batch():
     return torch.randn(16, 6, generator=g), torch.randn(16, generator=g)
 
 
+def test_fsdp_recipes_in_python_md_as_written():
+    from doc_recipes import run_section
+
+    got = run_section("FSDP and FSDP2", globals())   # each call's trailing comment checked (x0.5 (= 1/world) named)
+    assert len(got) == 2 and got[0][1]["result"] == "pass", got
+    run = got[1][1].report["runs"][0]
+    assert run["wrapper"] == "fsdp2" and "FSDP2" in run["reduced_by"], run["reduced_by"]
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_check_ddp_strategy_should_pass_a_right_step_and_name_its_wrapper(strategy):
     from gradcheck_dist import GradcheckFailure, check_ddp

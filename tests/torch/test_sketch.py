@@ -8,7 +8,9 @@ whole batch's loss) and a small token model (a masked loss, unequal token counts
 - world 4 against world 2 (the reference that needs no single process, docs/guard.md): the sketches agree for a
   correct step and disagree for a loss each rank normalises by its own token count;
 - a correct CLIP step on several seeds: no finding;
-- a sketch dump is KB where the full one is not; the sketches of one parameter's pieces add.
+- a sketch dump is KB where the full one is not; the sketches of one parameter's pieces add;
+- plain BatchNorm, world 4 against world 2: the split changes the objective, and the finding says so of the
+  reference run (not of a single process).
 
 Runs on torch 1.13 (.venv, ctest test_sketch) and torch 2.x (.venv-torch2, test_sketch_torch2).
 usage: GRADCHECK_DIST=build/gradcheck-dist python -m pytest -q tests/torch/test_sketch.py
@@ -16,7 +18,6 @@ usage: GRADCHECK_DIST=build/gradcheck-dist python -m pytest -q tests/torch/test_
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ SRC = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SRC, "python"))
 import gradcheck_dist  # noqa: E402
 from gradcheck_dist.dump import dump_grads, read_dump  # noqa: E402
+from spawned import free_port, leave  # noqa: E402  (tests/torch)
 
 GCD = os.path.abspath(os.environ.get("GRADCHECK_DIST") or os.path.join(SRC, "build", "gradcheck-dist"))
 K = 16
@@ -69,6 +71,15 @@ class Tok(torch.nn.Module):
         return self.out(torch.tanh(self.enc(x))).squeeze(-1)
 
 
+class Bn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.bn, self.out = torch.nn.Linear(DT, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.bn(self.enc(x)))).squeeze(-1)
+
+
 def clip_batch(seed):
     g = torch.Generator().manual_seed(1000 + seed)
     return torch.randn(GB, DI, generator=g), torch.randn(GB, DT, generator=g)
@@ -91,7 +102,9 @@ def tok_loss(model, x, y, mask, world, case):
 def step(kind, case, seed, rank, world):
     """One training step's gradients on this rank (after DDP's reduce when world > 1); returns the model."""
     torch.manual_seed(seed)
-    model = Clip() if kind == "clip" else Tok()
+    model = {"clip": Clip, "tok": Tok, "bn": Bn}[kind]()
+    if kind == "bn":
+        gradcheck_dist.track(model)   # which layers ran: the dump records the plain BatchNorm
     wrapped = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -101,6 +114,9 @@ def step(kind, case, seed, rank, world):
     if kind == "clip":
         x_img, x_txt = clip_batch(seed)
         loss = wrapped(x_img[rows], x_txt[rows], case)
+    elif kind == "bn":  # each rank's rows normalised by their own statistics
+        x, y = clip_batch(seed)
+        loss = ((wrapped(x[rows, :DT]) - y[rows, 0]) ** 2).mean()
     else:
         x, y, mask = tok_batch(seed)
         n = len(LENGTHS)
@@ -132,12 +148,7 @@ def _rank(rank, world, outdir, port, jobs):
         dump_grads(model, os.path.join(outdir, name, "sketch", f"rank{rank}.safetensors"), sketch=K)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    leave()
 
 
 def run_world(world, jobs, outdir):
@@ -157,7 +168,7 @@ def run_world(world, jobs, outdir):
 
 CLIP_CASES = [("clip-ok-%d" % s, "clip", "ok", s) for s in SEEDS] + \
              [("clip-%s" % c, "clip", c, 0) for c in ("x025", "none", "mismatch", "desync")]
-TOK_CASES = [("tok-ok", "tok", "ok", 0), ("tok-perrank", "tok", "perrank", 0)]
+TOK_CASES = [("tok-ok", "tok", "ok", 0), ("tok-perrank", "tok", "perrank", 0), ("bn-ok", "bn", "ok", 0)]
 
 
 def recipe():
@@ -256,8 +267,15 @@ def test_world_4_against_world_2_should_disagree_for_a_per_rank_normalised_loss(
     assert "single-process" not in json.dumps(rep["runs"][0]["findings"]), rep["runs"][0]["findings"]
 
 
+def test_world_4_against_world_2_should_name_plain_batchnorm_of_the_reference_run(runs):
+    code, rep = check(os.path.join(runs, "w4", "bn-ok", "sketch"), "--ref",
+                      os.path.join(runs, "w2", "bn-ok", "sketch", "rank0.safetensors"))
+    words = " ".join(f["message"] for f in rep["runs"][0]["findings"] if f["counts"])
+    assert code == 1 and "BatchNorm in training mode (bn)" in words, words
+    assert "the reference run's ranks by other splits" in words and "single-process" not in words, words
+
+
 def test_sketch_dump_should_be_small_and_keep_the_metadata(runs):
-    full = os.path.join(runs, "w4", "clip-ok-0", "full", "rank0.safetensors")
     sk = os.path.join(runs, "w4", "clip-ok-0", "sketch", "rank0.safetensors")
     tensors, meta = read_dump(sk)
     assert meta["gradcheck.sketch"] == str(K) and meta["gradcheck.seed"] == "0", meta
@@ -346,6 +364,7 @@ def _fsdp_rank(rank, how, outdir, port):
     dump_grads(wrapped, os.path.join(outdir, "bad", f"rank{rank}.safetensors"), sketch=K)
     dist.barrier()
     dist.destroy_process_group()
+    leave()
 
 
 @pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4),

@@ -715,6 +715,9 @@ def test_lightning_bf16_mixed_with_accumulation_should_pass(tmp_path):
     assert meta["gradcheck.precision"] == "bf16", meta
     _, meta = read_dump(tmp_path / "ref-permuted" / "rank0.safetensors")
     assert meta.get("gradcheck.order") == "permuted", meta
+    local, _ = read_dump(tmp_path / "ranks" / "local" / "rank0.safetensors")   # the first micro-batch, kept apart
+    earlier = sorted(n for n in local if n.endswith("@earlier"))
+    assert earlier and all(n[:-len("@earlier")] in local for n in earlier), sorted(local)
 
 
 # ---- pipeline parallel: docs/python.md's recipe, data 2 x pipeline 2, one check per stage, run as written
