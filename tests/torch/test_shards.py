@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
 from gradcheck_dist import dump_grads, read_dump  # noqa: E402
+from spawned import free_port, leave  # noqa: E402  (tests/torch)
 
 WORLD = 2
 
@@ -61,6 +62,7 @@ def _worker(rank, how, outdir, port):
     dump_grads(wrapped, os.path.join(outdir, f"rank{rank}.safetensors"))
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
+    leave()   # tests/torch/spawned.py: past interpreter exit
 
 
 def assemble(paths):
@@ -90,12 +92,7 @@ def assemble(paths):
 
 @pytest.mark.parametrize("how", ["fsdp2", "fsdp1", "fsdp1-orig"])
 def test_fsdp_shards_should_assemble_to_the_reference(tmp_path, how):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(how, str(tmp_path), port), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(how, str(tmp_path), free_port()), nprocs=WORLD, start_method="spawn")
     torch.manual_seed(0)
     ref = Net()
     ref(batch()).backward()
@@ -113,13 +110,9 @@ def test_fsdp_shards_should_assemble_to_the_reference(tmp_path, how):
 @pytest.mark.parametrize("how,words", [("fsdp2", "FSDP2's reduce-scatter"), ("fsdp1", "FSDP's reduce-scatter")])
 def test_check_should_name_the_wrapper_the_dumps_record(tmp_path, how, words):
     # issue 38 (1f): check's header said "after DDP's all-reduce" for FSDP dumps, where no DDP ran
-    import socket
     import subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(how, str(tmp_path), port), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(how, str(tmp_path), free_port()), nprocs=WORLD, start_method="spawn")
     torch.manual_seed(0)
     ref = Net()
     ref(batch()).backward()

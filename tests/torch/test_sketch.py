@@ -414,3 +414,37 @@ def test_one_process_with_accumulation_should_be_the_reference(runs):
     assert code == 0 and set(verdict(rep)[0].values()) == {"ok"}, verdict(rep)
     code, rep = check(os.path.join(runs, "w4", "tok-perrank", "sketch"), "--ref", ref)
     assert code == 1 and set(verdict(rep)[0].values()) == {"mismatch"}, verdict(rep)
+
+
+def _q(d, seeds, k=K):
+    """Q = ||P d||^2 / (K ||d||^2) of the guard's sketch P (one seed each), docs/check-verdicts.md's random part"""
+    from gradcheck_dist.guard import _sketch
+
+    dd = float(d.double().square().sum())
+    return torch.tensor([float(_sketch(d.reshape(-1), 0, s, k)[0].double().square().sum()) / (k * dd) for s in seeds],
+                        dtype=torch.float64)
+
+
+def test_sketch_q_should_follow_what_check_verdicts_states():
+    # docs/check-verdicts.md, "Sketch dumps: what a sketch can miss": the figures measured there are these
+    g = torch.Generator().manual_seed(0)
+    small = _q(torch.randn(192, generator=g), range(1000))   # a bias's difference: K independent signs per value
+    big = _q(torch.randn(300000, generator=g), range(200))   # spread over 74 rows of 4096
+    assert small.min() > 0.1 and big.min() > 0.1, (small.min(), big.min())   # chi-square 16: P(Q < 0.1) ~ 1e-10
+    assert 0.25 < torch.quantile(small, 0.01) < 0.45, torch.quantile(small, 0.01)   # chi-square 16 / 16: 0.36
+    assert small.max() < 4, small.max()   # false alarms at a margin of 2: P(chi-square 16 > 64) ~ 1e-7
+    pair = torch.zeros(192)
+    pair[3], pair[100] = 1, -1   # two equal and opposite values: Q = n / 8, n ~ Binomial(16, 1/2) of signs that differ
+    q = _q(pair, range(1000))
+    assert torch.allclose(q * 8, (q * 8).round(), atol=1e-9) and q.min() > 0, q.min()
+    assert float((q < 0.5).double().mean()) < 0.03, float((q < 0.5).double().mean())   # P(n <= 3) = 1.06 %
+    row = torch.zeros(64, 4096)
+    row[5] = torch.randn(4096, generator=g)   # one row of 4096 of a 262,144-value tensor: one degree of freedom
+    q = _q(row, range(1000))
+    below = float((q < 0.01).double().mean()), float((q < 0.1).double().mean())
+    assert 0.04 < below[0] < 0.13 and 0.18 < below[1] < 0.31, below   # chi-square 1: 8.0 %, 24.8 %
+    q = _q(torch.outer(torch.randn(64, generator=g), torch.randn(4096, generator=g)), range(1000))   # rank 1, 64 rows
+    rank1 = float((q < 0.01).double().mean()), float((q < 0.1).double().mean())
+    assert 0.04 < rank1[0] < 0.13 and 0.18 < rank1[1] < 0.31, rank1
+    print(f"Q: small 1st pct {float(torch.quantile(small, 0.01)):.3f} min {float(small.min()):.3f} max {float(small.max()):.2f}; "
+          f"big min {float(big.min()):.3f}; pair P(Q<0.5) {float((_q(pair, range(1000)) < 0.5).double().mean()):.4f}; row {below} rank1 {rank1}")

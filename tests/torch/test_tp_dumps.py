@@ -11,7 +11,6 @@ usage: python -m pytest -q tests/torch/test_tp_dumps.py
 import json
 import re
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python"))
 from gradcheck_dist import Shard, check_tp, dump_grads, read_dump, tp_layout, write_dump  # noqa: E402
 from gradcheck_dist.harness import GradcheckFailure  # noqa: E402
+from spawned import free_port, leave  # noqa: E402  (tests/torch)
 
 H, F, S, B = 8, 10, 8, 2   # hidden, ffn (10: uneven over 4), sequence (split over tp), batch (split over dp)
 
@@ -205,16 +205,11 @@ def _torch_tp(rank, world, how, outdir, port, seed=1, fault=None):
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    leave()   # tests/torch/spawned.py: past interpreter exit
 
 
 def _spawn(fn, world, *args, **kw):
-    mp.start_processes(fn, args=(world,) + args + (_free_port(),) + tuple(kw.values()), nprocs=world, start_method="spawn")
+    mp.start_processes(fn, args=(world,) + args + (free_port(),) + tuple(kw.values()), nprocs=world, start_method="spawn")
 
 
 def _close(whole, ref):
@@ -353,6 +348,7 @@ def _placed(rank, world, placements, outdir, port):
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
+    leave()   # tests/torch/spawned.py: past interpreter exit
 
 
 @pytest.mark.parametrize("placements", [(1,), (2,), (0, 2), (2, 1), ("r", 1)])
@@ -465,6 +461,7 @@ def _megatron(rank, world, how, outdir, port):
     dump_grads(m, os.path.join(outdir, f"rank{rank}.safetensors"))
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
+    leave()   # tests/torch/spawned.py: past interpreter exit
 
 
 @pytest.mark.parametrize("world,how", [(2, "declared"), (4, "declared"), (4, "attrs"), (2, "skip_norm")])
@@ -516,3 +513,4 @@ def _refusals(rank, world, outdir, port):
         open(os.path.join(outdir, "ok"), "w").write("ok")
     dist.barrier()  # no rank tears gloo down while another still talks
     dist.destroy_process_group()
+    leave()   # tests/torch/spawned.py: past interpreter exit
