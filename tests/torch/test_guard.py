@@ -560,3 +560,62 @@ def test_optimizer_pre_hook_should_check_before_the_step():
     g.remove()
     opt.step()
     assert not torch.equal(model.scale.detach(), before), "the removed hook still stops the step"
+
+
+# ---- torchrun: the guard in a script torchrun starts (env:// rendezvous, DDP), as a user runs it
+
+TORCHRUN = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[3])
+import gradcheck_dist
+from gradcheck_dist.guard import GradcheckFinding
+
+outdir, case = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")   # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+g = gradcheck_dist.guard(ddp, every=2, report=os.path.join(outdir, "guard-{step}.json"))
+out = {"steps": 0}
+try:
+    for step in range(6):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * rank + step))
+        ddp(x).pow(2).mean().backward()
+        if case == "drift" and step == 4 and rank == 1:   # after the reduce, one rank's copy changes
+            model[2].bias.grad += 1e-2
+        g.check(step)
+        opt.step()
+        opt.zero_grad()
+        out["steps"] = step + 1
+except GradcheckFinding as e:
+    out.update(finding=str(e), step=e.step, ranks=e.ranks)
+with open(os.path.join(outdir, "rank%d.json" % rank), "w") as f:
+    json.dump(out, f)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("case", ["clean", "drift"])
+def test_torchrun_script_should_guard_every_rank(case, tmp_path):
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 0):
+        pytest.skip(f"Debian 12's torch {torch.__version__} torchrun fails on Python 3.11 (docs/dumps.md): the torch2 tier runs it")
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script), str(tmp_path), case, os.path.join(SRC, "python")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = sorted(f.name for f in tmp_path.glob("guard-*.json"))
+    if case == "clean":
+        assert [r["steps"] for r in res] == [6, 6] and reports == ["guard-0.json", "guard-2.json", "guard-4.json"], (res, reports)
+        assert all(json.loads((tmp_path / n).read_text())["result"] == "pass" for n in reports)
+        return
+    assert [r.get("step") for r in res] == [4, 4] and [r["steps"] for r in res] == [4, 4], res   # both ranks, at step 4
+    assert all("step 4:" in r["finding"] and "2.bias" in r["finding"] and "rank 1" in r["finding"] for r in res), res
+    rep = json.loads((tmp_path / "guard-4.json").read_text())
+    assert rep["result"] == "fail" and rep["runs"][0]["guard"]["step"] == 4, rep["runs"][0]["guard"]
