@@ -137,6 +137,15 @@ static int summed_rows(const gcd_run_result *res, double f) {
     return !res->ref_objective && loss_is_objective(res, f) && rank_loss_is_shard(res, 1);
 }
 
+// every rank recorded the same loss (to 1e-6 relative): the loss was computed from the world's batch, or all-reduced
+static int same_losses(const gcd_run_result *res) {
+    const double *l = res->rank_loss;
+    if (!l || res->world < 2) return 0;
+    for (int k = 0; k < res->world; k++)
+        if (!(fabs(l[k] - l[0]) <= 1e-6 * fmax(fabs(l[0]), 1e-30))) return 0;
+    return 1;
+}
+
 // What a scale c (as shown) usually means, after "the reference xC"; the probes' (words 0) say only
 // "(= 1/world)": their cause is the gather mode, which the table names
 static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int words) {
@@ -154,11 +163,13 @@ static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int word
                          "averages the gradients); all-reduce a detached copy for logging (l = loss.detach().clone(); "
                          "dist.all_reduce(l); l /= world)", res->rank_loss[0], lo, hi);
     } else if (fabs(c * world - 1) <= 1e-6 && gathered_own_rows(res)) {
-        gcd_sb_printf(m, " (= 1/world): a gather whose backward keeps only the rank's own rows: every rank's loss is the same value, "
-                         "%.6g, the single-process objective (the forward gathered the world's batch, and is right), but each rank's "
-                         "backward reached only its own rows (dist.all_gather with the own slot put back, Lightning's "
-                         "all_gather(sync_grads=False), lightly's GatherLayer before its fix). Fix: gather with a backward that sums "
-                         "every rank's gradient for each slot: torch.distributed.nn.functional.all_gather (Lightning's "
+        gcd_sb_printf(m, " (= 1/world): a collective in the loss whose backward keeps only the rank's own part: every rank's loss "
+                         "is the same value, %.6g, the single-process objective (the forward combined the world's batch, and is "
+                         "right), but each rank's backward reached only its own rows: a gather whose backward keeps only the rank's "
+                         "own rows (dist.all_gather with the own slot put back, Lightning's all_gather(sync_grads=False), lightly's "
+                         "GatherLayer before its fix), or a statistic summed over the ranks with dist.all_reduce, which autograd "
+                         "does not see (lightly's BarlowTwins loss before its fix). Fix: the collectives whose backward sums every "
+                         "rank's gradient: torch.distributed.nn.functional.all_gather / all_reduce (Lightning's "
                          "all_gather(sync_grads=True), gradcheck_dist.all_gather_with_grad)", res->rank_loss[0]);
     } else if (fabs(c * world - 1) <= 1e-6 && world > 1 && summed_rows(res, world))
         gcd_sb_printf(m, " (= 1/world): a loss summed over rows where the reference averages: each rank's loss is what its batch "
@@ -174,9 +185,29 @@ static void scale_cause(gcd_sb *m, const gcd_run_result *res, double c, int word
         gcd_sb_printf(m, " (= 1/world): each rank's loss is what its batch gives alone divided by the world: a loss divided by the "
                          "world before backward, where DDP already averages the gradients over the ranks. Fix: backward each rank's "
                          "own loss, undivided");
+    else if (acc > 1 && fabs(c * acc - 1) <= 1e-6 && loss_is_objective(res, acc))
+        gcd_sb_printf(m, " (= 1/%d, the accumulation steps check_ddp ran): the ranks' mean loss %.6g is the objective %.6g / %d: the "
+                         "step's loss already holds the 1/%d (a loss normalised over the whole accumulated batch, as HF Trainer's "
+                         "num_items_in_batch does), and check_ddp divided each micro-batch's loss by %d again, as a loop of "
+                         "micro-batch means does. Fix: a loss normalised over the accumulated batch is not divided by the steps in "
+                         "training; for check_ddp(accumulate=K), return it times K (docs/python.md: HF's num_items_in_batch)",
+                      acc, res->loss_mean, res->loss_ref, acc, acc, acc);
+    else if (fabs(c * world - 1) <= 1e-6 && world > 1 && same_losses(res))
+        gcd_sb_printf(m, " (= 1/world): every rank's loss is the same value, %.6g, so the loss combined the world's batch: a collective in "
+                         "the loss whose backward keeps only the rank's own part (a gather keeping the own rows, a statistic summed "
+                         "with dist.all_reduce: use torch.distributed.nn.functional's all_gather / all_reduce), or a loss all-reduced "
+                         "before backward and averaged by DDP again (backward each rank's own loss). What each rank's batch gives "
+                         "alone (gradcheck.shard_losses, which check_ddp records where the step runs without a process group) "
+                         "would tell the two apart", res->rank_loss[0]);
     else if (fabs(c * world - 1) <= 1e-6)
         gcd_sb_printf(m, " (= 1/world): what a loss summed over rows gives where the reference averages, a gather whose backward keeps "
                          "only the rank's own rows, or a gradient divided by the world twice");
+    else if (world > 1 && fabs(c - world) <= 1e-6 * world && rank_loss_is_shard(res, world))
+        gcd_sb_printf(m, " (= world): each rank's loss is what its batch gives alone times the world (rank 0: %.6g, against %.6g): a "
+                         "loss multiplied by the world (the data-parallel size) before backward, which only a loss divided by a count "
+                         "all-reduced over the ranks wants, as DDP averages. Fix: backward the rank's own mean loss, or divide its "
+                         "summed loss by the count all-reduced over the ranks before multiplying by the world",
+                      res->rank_loss[0], res->shard_loss[0]);
     else if (world > 1 && fabs(c - world) <= 1e-6 * world)
         gcd_sb_printf(m, " (= world): a gradient all-reduced with SUM and not divided by the world");
     else if (f == 0.5 && abs(e - 1) >= 8)

@@ -158,6 +158,13 @@ static void say_objective(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb 
                      "give check_ddp reference= that objective; if the per-rank objective is meant, give it as reference=",
                   v->res->loss_mean, v->res->loss_ref, gcd_names_count(v->res, is_wrong, NULL),
                   gcd_plural(gcd_names_count(v->res, is_wrong, NULL), " is", "s are"));
+    if (v->res->accumulate > 1)   // the step ran as micro-batches: their own counts are as likely
+        gcd_sb_printf(m, ". Under gradient accumulation (%d micro-batches a rank), a loss normalised by each micro-batch's own "
+                         "count reads the same (a micro-batch mean divided by the steps where the mean over the whole accumulated "
+                         "batch is meant: HF Trainer before num_items_in_batch): before the loop count the tokens of the whole "
+                         "step, every micro-batch on every rank (all_reduce the count), divide each micro-batch's summed loss by it "
+                         "and multiply by the world (DDP averages), without dividing by the steps; give check_ddp that loss times "
+                         "K and reference= the mean over the whole batch (docs/python.md: HF's num_items_in_batch)", v->res->accumulate);
 }
 
 static void say_none(const gcd_verdict_ctx *v, const gcd_judged *j, gcd_sb *m, gcd_sb *ids) {   // None on every rank where the reference has one (or there is none to ask)

@@ -304,11 +304,138 @@ def test_per_rank_mean_should_be_reported_against_the_token_mean():
 
 
 def test_objective_recipes_in_python_md_as_written():
-    # the global token count and the per-rank objective, each with its reference=, as docs/python.md writes them
-    # (its step_global_token_count, token_objective, per_rank_objective; each "# passes" checked)
+    # the global token count, the per-rank objective and HF's window-normalised loss under accumulate=K, each with
+    # its reference=, as docs/python.md writes them (its steps and objectives; each "# passes" checked)
     from doc_recipes import run_section
 
     got = run_section("An objective that is not the one-process step", globals())
-    assert [("reference=token_objective" in line, "reference=per_rank_objective" in line) for line, _ in got] == \
-        [(True, False), (False, True)], [line for line, _ in got]
+    assert [("reference=token_objective" in line, "reference=per_rank_objective" in line, "accumulate=K" in line)
+            for line, _ in got] == [(True, False, False), (False, True, False), (True, False, True)], [line for line, _ in got]
     assert all(r["result"] == "pass" for _, r in got), [r["result"] for _, r in got]
+
+
+# ---- scales the held-out bug reports showed named wrongly (issue 38's evaluation, 2026-12-06)
+
+
+def step_mean_times_world(model, b, rank, world):
+    return model(*b) * world   # NeMo Automodel #3846: a rank's own mean loss times the data-parallel size
+
+
+def step_sum_over_world_count_times_world(model, b, rank, world):   # its fix (#3830): the count all-reduced
+    total = model(*b) * len(b[1])   # the rows' summed loss, through the wrapper
+    n = torch.tensor(float(len(b[1])))
+    dist.all_reduce(n)
+    return total / n * world
+
+
+def mean_objective(model, b):
+    return model(*b)
+
+
+def _summed_by_hook(model):
+    """A comm hook that all-reduces with SUM and never divides by the world."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, "_gcd_hooked", False):
+        return
+    model._gcd_hooked = True
+    model.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+                             .then(lambda f: f.value()[0]))
+
+
+def step_summed_by_hook(model, b, rank, world):
+    _summed_by_hook(model)
+    return model(*b)
+
+
+def test_mean_loss_times_world_should_be_named_a_loss_multiplied_by_the_world():
+    msg, _ = first_finding(make_net, step_mean_times_world, batch(), world=WORLD)
+    assert "x2 (= world): each rank's loss is what its batch gives alone times the world" in msg, msg
+    assert "Fix: backward the rank's own mean loss" in msg and "SUM" not in msg, msg
+    check_ddp(make_net, step_sum_over_world_count_times_world, batch(), world=WORLD, reference=mean_objective)
+
+
+def test_gradients_summed_by_a_hook_should_not_be_named_a_loss_multiplied_by_the_world():
+    msg, _ = first_finding(make_net, step_summed_by_hook, batch(), world=WORLD)
+    assert "x2 (= world): a gradient all-reduced with SUM" in msg and "times the world" not in msg, msg
+
+
+class Barlow(torch.nn.Module):
+    """lightly's BarlowTwinsLoss before its fix (lightly #1977): the cross-correlation matrix summed over the ranks
+    with a plain dist.all_reduce when a process group exists; `fixed`: torch.distributed.nn's all_reduce (#1980)."""
+
+    def __init__(self, fixed=False):
+        super().__init__()
+        self.l1, self.fixed = torch.nn.Linear(8, 6), fixed
+
+    def forward(self, x, y, world):
+        za, zb = torch.tanh(self.l1(x)), torch.tanh(self.l1(x + 0.1 * y))   # two views
+        c = za.t() @ zb / (len(x) * world)
+        if dist.is_available() and dist.is_initialized():
+            if self.fixed:
+                import torch.distributed.nn as autograd_collectives
+
+                c = autograd_collectives.all_reduce(c)
+            else:
+                dist.all_reduce(c)
+        return (torch.diagonal(c) - 1).pow(2).sum() + 0.01 * (c - torch.diag(torch.diagonal(c))).pow(2).sum()
+
+
+def make_barlow():
+    return Barlow()
+
+
+def make_barlow_fixed():
+    return Barlow(fixed=True)
+
+
+def step_barlow(model, b, rank, world):
+    return model(b[0], b[1], world)
+
+
+def test_statistic_summed_with_plain_all_reduce_should_name_it_and_its_fix():
+    msg, _ = first_finding(make_barlow, step_barlow, batch(), world=WORLD)
+    assert "x0.5 (= 1/world): a collective in the loss whose backward keeps only the rank's own part" in msg, msg
+    assert "a statistic summed over the ranks with dist.all_reduce" in msg, msg
+    assert "torch.distributed.nn.functional.all_gather / all_reduce" in msg, msg
+    check_ddp(make_barlow_fixed, step_barlow, batch(), world=WORLD)
+
+
+def step_pooled_always_gathered(model, b, rank, world):   # a step that needs a process group: reference= below
+    return model(b[0], 2)
+
+
+def pooled_objective(model, b):
+    return model(b[0], 1)
+
+
+def test_equal_losses_without_the_batches_own_should_name_both_that_give_them():
+    # pytorch-metric-learning #363's shape: the reference is given (the step needs a process group), so what each
+    # rank's batch gives alone is not recorded; every rank's loss is the same: two causes give that, both named
+    msg, _ = first_finding(make_pooled, step_pooled_always_gathered, batch(), world=WORLD, reference=pooled_objective)
+    assert "x0.5 (= 1/world): every rank's loss is the same value" in msg, msg
+    assert "whose backward keeps only the rank's own part" in msg and "all-reduced before backward" in msg, msg
+    assert "summed over rows" not in msg, msg
+
+
+def step_micro_mean(model, b, rank, world):   # HF Trainer before num_items_in_batch: each micro-batch's own token mean
+    total, n = model(*b)
+    return total / n
+
+
+def test_micro_batch_means_under_accumulation_should_name_the_micro_batches_count():
+    msg, _ = first_finding(make_tokens, step_micro_mean, token_batch(), world=WORLD, accumulate=2, reference=token_objective)
+    assert "is not the single-process objective" in msg and "each micro-batch's own count" in msg, msg
+    assert "HF Trainer before num_items_in_batch" in msg, msg
+
+
+def test_window_normalised_loss_divided_again_should_be_named_the_accumulation():
+    # HF's fix as written (the loss over the whole step's token count, not divided by K), which check_ddp(accumulate=K)
+    # divides by K: x1/K, named as the harness's division, with docs/python.md's recipe (times K) as the fix
+    n_all = float(token_batch()[2].sum())
+
+    for k in (2, 4):
+        def step(model, b, rank, world):
+            total, _ = model(*b)
+            return total / n_all * world
+
+        msg, _ = first_finding(make_tokens, step, token_batch(), world=WORLD, accumulate=k, reference=token_objective)
+        assert f"(= 1/{k}, the accumulation steps check_ddp ran)" in msg and "return it times K" in msg, (k, msg)

@@ -284,7 +284,8 @@ def test_accumulate_should_not_call_a_divided_mean_a_summed_loss():
         check_ddp(make_mlp, step_mean_quarter, mlp_batch(), world=2, accumulate=2,
                   reference=lambda model, batch: step_mean(model, batch, 0, 1) / 2)
     first = e.value.report["runs"][0]["findings"][0]["message"]
-    assert "x0.5 (= 1/world): what a loss summed over rows gives" in first, first   # the list of what it can be, none named
+    assert "x0.5 (= 1/2, the accumulation steps check_ddp ran)" in first, first   # what the losses show: an extra 1/K
+    assert "world): a loss summed over rows" not in first and "steps)): a loss summed" not in first, first
 
 
 def test_accumulate_should_refuse_what_is_not_a_count():
