@@ -137,12 +137,15 @@ def test_sync_flag_set_before_the_forward_should_pass():
     check_ddp(make_net, step_flag_before_forward, batch(), world=WORLD)
 
 
+def _hook_once(model, hook):
+    """DDP's comm hook set to `hook` at the step's first call (the reference's plain model has none)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not getattr(model, "_gcd_hooked", False):
+        model._gcd_hooked = True
+        model.register_comm_hook(None, hook)
+
+
 def _halve_on_rank1_after_reduce(model):
     """A comm hook: DDP's all-reduce (mean), then rank 1 halves what it received: changed after the all-reduce."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, "_gcd_hooked", False):
-        return
-    model._gcd_hooked = True
-
     def hook(state, bucket):
         buf = bucket.buffer().div_(dist.get_world_size())
         fut = dist.all_reduce(buf, async_op=True).get_future()
@@ -152,7 +155,7 @@ def _halve_on_rank1_after_reduce(model):
             return out * 0.5 if dist.get_rank() == 1 else out
         return fut.then(then)
 
-    model.register_comm_hook(None, hook)
+    _hook_once(model, hook)
 
 
 def step_changed_after_reduce(model, b, rank, world):
@@ -334,11 +337,8 @@ def mean_objective(model, b):
 
 def _summed_by_hook(model):
     """A comm hook that all-reduces with SUM and never divides by the world."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel) or getattr(model, "_gcd_hooked", False):
-        return
-    model._gcd_hooked = True
-    model.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-                             .then(lambda f: f.value()[0]))
+    _hook_once(model, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+               .then(lambda f: f.value()[0]))
 
 
 def step_summed_by_hook(model, b, rank, world):

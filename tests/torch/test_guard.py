@@ -506,7 +506,7 @@ def loader_of(n):
 def test_use_block_in_guard_md_as_written_should_stop_the_seed_bug_at_step_0():
     from doc_recipes import blocks
 
-    (block,) = blocks("Use", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "guard.md"))
+    (block,) = blocks("Use", os.path.join(SRC, "docs", "guard.md"))
     for fixed in (True, False):
         model = Detached(fixed)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
